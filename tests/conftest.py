@@ -1,0 +1,22 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from sshserver import SSHTestServer
+
+
+@pytest.fixture
+async def ssh_server(tmp_path: Path) -> AsyncIterator[SSHTestServer]:
+    """A real SSH server on 127.0.0.1 (port 0) that executes what it receives.
+
+    Its files (client key, known_hosts, ssh_config with `Host specconsole-test`) live in
+    tmp_path/"ssh"; start another server in the same directory for a jump host.
+    """
+    server = SSHTestServer(tmp_path / "ssh")
+    await server.start()
+    yield server
+    await server.stop()

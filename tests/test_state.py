@@ -1,0 +1,153 @@
+"""LaunchMachine: agent facts in, domain events out — deaths, readiness, stalls, kills."""
+
+from __future__ import annotations
+
+from tui.core.noise import NoiseFilter, builtin_rules
+from tui.core.phases import Phase
+from tui.core.protocol import GpuInfo, Gpus, Health, ProcExit, RunExit
+from tui.core.state import (
+    CauseUpdated,
+    Died,
+    HelperExited,
+    LaunchMachine,
+    PhaseChanged,
+    Ready,
+    Stalled,
+    State,
+)
+
+T0 = 1_000.0
+STORY = [
+    "(APIServer pid=100) INFO 12-02 10:00:00 [utils.py:302] vLLM API server version 0.16.1rc1",
+    "(APIServer pid=100) INFO 12-02 10:00:01 [utils.py:253] non-default args: {'model': 'k'}",
+    "(EngineCore_DP0 pid=200) ERROR 12-02 10:00:05 [gpt_oss_triton_kernels_moe.py:60] Failed to"
+    " import Triton kernels. Please make sure your triton version is compatible. Error: cannot"
+    " import name 'SparseMatrix' from 'triton_kernels.tensor'",
+    "(Worker_TP3 pid=303) INFO 12-02 10:00:06 [gpu_model_runner.py:2000] Starting to load model k",
+    "(Worker_TP3 pid=303) Traceback (most recent call last):",
+    '(Worker_TP3 pid=303)   File "/opt/vllm/model_executor/models/kimi_k25.py", line 12',
+    "(Worker_TP3 pid=303)     from .deepseek_v2 import (DeepseekV2Model",
+    "(Worker_TP3 pid=303)                           ^",
+    "(Worker_TP3 pid=303) SyntaxError: '(' was never closed",
+]
+SYMPTOM = ("(APIServer pid=100) RuntimeError: Engine core initialization failed. See root cause "
+           "above. Failed core proc(s): {'EngineCore_DP0': 1}")
+
+
+def _machine(stall: float = 60.0) -> LaunchMachine:
+    m = LaunchMachine(noise=NoiseFilter(builtin_rules("vllm")), stall_timeout_s=stall,
+                      expected_load_s=1500.0)
+    m.started(100, T0, T0)
+    return m
+
+
+def _feed(m: LaunchMachine, lines: list[str], at: float) -> list[object]:
+    return m.feed_lines(enumerate(lines), at)
+
+
+def test_the_story_worker_death_is_dead_with_the_syntax_error_as_cause() -> None:
+    m = _machine()
+    events = _feed(m, STORY, T0 + 20)
+    assert [e.phase for e in events if isinstance(e, PhaseChanged)] == [
+        Phase.LAUNCH, Phase.CONFIG, Phase.WEIGHTS]
+    died = m.feed_exit(ProcExit(303, "Worker_TP3", 1, None, T0 + 23, False), T0 + 23)
+    assert m.state is State.DEAD
+    death = next(e for e in died if isinstance(e, Died)).death
+    assert (death.process, death.code, death.phase) == ("Worker_TP3", 1, Phase.WEIGHTS)
+    assert abs(death.since_launch - 23) < 1e-6
+    assert death.cause is not None and "SyntaxError" in death.cause.line
+    assert "kimi_k25.py" in death.cause.line and "12" in death.cause.line
+    # the API server's symptom and later deaths never replace the cause or the first death
+    later = _feed(m, [SYMPTOM], T0 + 24)
+    later += m.feed_exit(ProcExit(200, "EngineCore_DP0", 1, None, T0 + 24, False), T0 + 24)
+    later += m.feed_run_exit(RunExit(100, 1, None, T0 + 25), T0 + 25)
+    assert not [e for e in later if isinstance(e, Died)]
+    assert m.death is not None and "SyntaxError" in (m.death.cause.line if m.death.cause else "")
+    assert m.death.process == "Worker_TP3"
+
+
+def test_cause_arriving_after_the_death_updates_it() -> None:
+    m = _machine()
+    _feed(m, STORY[:4], T0 + 5)
+    died = m.feed_exit(ProcExit(303, "Worker_TP3", 1, None, T0 + 6, False), T0 + 6)
+    assert any(isinstance(e, Died) for e in died)
+    updates = _feed(m, STORY[4:], T0 + 6.1)
+    update = [e for e in updates if isinstance(e, CauseUpdated)]
+    assert update and "SyntaxError" in update[-1].death.cause.line
+
+
+def test_exit_codes_lie_engine_killed_while_serving_is_dead() -> None:
+    m = _machine()
+    _feed(m, STORY[:2], T0 + 1)
+    assert not m.feed_health(Health(False, "/health", None, T0 + 2), T0 + 2)
+    ready = m.feed_health(Health(True, "/v1/models", 200, T0 + 30), T0 + 30)
+    assert m.state is State.READY and any(isinstance(e, Ready) for e in ready)
+    events = m.feed_exit(ProcExit(200, "EngineCore", None, 9, T0 + 60, False), T0 + 60)
+    assert m.state is State.DEAD and any(isinstance(e, Died) for e in events)
+    assert m.death is not None and m.death.signal == 9
+    m.feed_run_exit(RunExit(100, 0, None, T0 + 61), T0 + 61)
+    assert m.state is State.DEAD and m.death.process == "EngineCore"
+
+
+def test_top_process_exit_code_zero_is_still_a_death() -> None:
+    m = _machine()
+    m.feed_run_exit(RunExit(100, 0, None, T0 + 3), T0 + 3)
+    assert m.state is State.DEAD and m.death is not None and m.death.code == 0
+
+
+def test_log_line_alone_is_not_ready() -> None:
+    m = _machine()
+    _feed(m, ["INFO:     Application startup complete."], T0 + 10)
+    assert m.state is State.LOADING and m.log_ready_seen
+
+
+def test_helper_processes_exiting_cleanly_are_not_deaths() -> None:
+    m = _machine()
+    assert m.feed_exit(ProcExit(400, "python3", 0, None, T0 + 8, False), T0 + 8) == []
+    events = m.feed_exit(ProcExit(401, "cc1plus", 1, None, T0 + 9, False), T0 + 9)
+    assert [type(e) for e in events] == [HelperExited]
+    assert m.state is State.STARTING
+
+
+def test_stall_needs_a_quiet_log_and_frozen_gpu_memory() -> None:
+    m = _machine(stall=60.0)
+    _feed(m, STORY[:4], T0 + 1)
+
+    def gpus(at: float, used: list[int]) -> None:
+        m.feed_gpus(Gpus(at, tuple(GpuInfo(i, "H200", u, 100, 0) for i, u in enumerate(used))),
+                    at)
+
+    gpus(T0 + 1, [1, 1])
+    gpus(T0 + 50, [1, 2])                      # GPU 1 still growing
+    assert m.tick(T0 + 100) == []              # quiet log, but memory moved 50 s ago
+    events = m.tick(T0 + 112)
+    stall = next(e for e in events if isinstance(e, Stalled))
+    assert m.state is State.STALLED and stall.frozen_gpus == (0, 1)
+    assert stall.quiet_s >= 60
+    _feed(m, ["(Worker_TP0 pid=1) WARNING 12-02 10:05:00 [shm_broadcast.py:466] No available "
+              "shared memory broadcast block found in 60 seconds."], T0 + 120)
+    assert m.state is State.STALLED            # a hang's heartbeat is not progress
+    _feed(m, ["Loading safetensors checkpoint shards:  50% Completed | 32/64 [10:00<10:00]"],
+          T0 + 130)
+    assert m.state is State.LOADING
+
+
+def test_kill_is_not_a_death() -> None:
+    m = _machine()
+    m.killing(T0 + 5)
+    assert m.feed_exit(ProcExit(303, "Worker_TP3", None, 15, T0 + 5.1, False), T0 + 5.1) == []
+    m.feed_run_exit(RunExit(100, None, 15, T0 + 5.3), T0 + 5.3)
+    assert m.state is State.STOPPED and m.death is None
+
+
+def test_phases_never_go_backwards_and_shard_progress_is_kept() -> None:
+    m = _machine()
+    _feed(m, ["(Worker_TP0 pid=1) INFO 12-02 10:00:00 [gpu_model_runner.py:1] Starting to load "
+              "model k...",
+              "Loading safetensors checkpoint shards:  25% Completed | 16/64 [05:00<15:00]",
+              "(APIServer pid=100) INFO 12-02 10:00:01 [utils.py:253] non-default args: {}"],
+          T0 + 300)
+    assert m.timeline is not None and m.timeline.current is not None
+    assert m.timeline.current.phase is Phase.WEIGHTS
+    assert m.timeline.current.shards == (16, 64)
+    assert m.timeline.eta(T0 + 300) == 1200.0

@@ -1,0 +1,1 @@
+"""Runs on the GPU host; see remote_agent.py."""

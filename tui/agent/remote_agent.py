@@ -1,0 +1,1243 @@
+"""specconsole's agent: runs on the GPU host, sent over stdin, streams JSON lines on stdout.
+
+Self-contained on purpose (stdlib + psutil + pynvml): nothing is installed on the host, the
+console pipes this file into the server's own interpreter (see INTERFACES.md "Agent
+invocation").  Subcommands: launch, watch, kill, runs, preflight.  Every message is one JSON
+object per line with "t" (type) and "v" (protocol version); human text never goes to stdout.
+
+Cheapness matters (the agent watches a loading server for half an hour): deaths come from
+pidfds (poll wakes within milliseconds, no polling), the tree is rescanned from /proc by
+looking only at pids that are new since the last scan, and the log is tailed with one fstat
+per tick.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+AGENT_VERSION = "0.1.0"
+PROTOCOL = 1
+ENV_KEY = "SPECCONSOLE_RUN_ID"
+REDACTED = "«redacted»"
+CHUNK = 1 << 20  # the most log bytes in one message; a longer line is split here
+MAX_CMD = 8192  # the most characters of a command line we report
+FIX_PYTHON = "point host.python at the server's venv, which has psutil and pynvml"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+STATES = {
+    "R": "running", "S": "sleeping", "D": "disk-sleep", "Z": "zombie", "T": "stopped",
+    "t": "tracing-stop", "X": "dead", "x": "dead", "I": "idle", "K": "wake-kill",
+    "W": "waking", "P": "parked",
+}
+
+psutil = None  # imported in main(), so that its absence is reported as JSON, not a traceback
+_out_lock = threading.Lock()
+
+
+class SpecError(Exception):
+    """The spec on stdin is unusable (exit 2)."""
+
+
+class AgentFailure(Exception):
+    """A subcommand cannot do its job; reported as an error message (exit 1)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def emit(t: str, **fields: object) -> None:
+    """Write one protocol message; a vanished reader ends the agent quietly."""
+    msg = {"t": t, "v": PROTOCOL}
+    msg.update(fields)
+    data = (json.dumps(msg, ensure_ascii=False, separators=(",", ":")) + "\n").encode(
+        "utf-8", "replace"
+    )
+    with _out_lock:
+        try:
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            os._exit(0)
+
+
+def redact(text: str, secrets: list[str]) -> str:
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def write_json_atomic(path: str, obj: object) -> None:
+    """tmp + fsync + os.replace: a reader sees the old file or the whole new one, never half."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, json.dumps(obj).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            obj = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+# ----------------------------------------------------------------------------- /proc
+
+
+class Stat:
+    """The fields of /proc/<pid>/stat we use (field numbers as in proc(5))."""
+
+    __slots__ = ("comm", "cpu_ticks", "exit_status", "pgid", "ppid", "rss", "sid",
+                 "start_ticks", "state")
+
+    def __init__(self, data: bytes) -> None:
+        close = data.rfind(b")")
+        self.comm = data[data.find(b"(") + 1 : close].decode("utf-8", "replace")
+        f = data[close + 2 :].split()
+        self.state = f[0].decode()  # field 3
+        self.ppid = int(f[1])  # 4
+        self.pgid = int(f[2])  # 5
+        self.sid = int(f[3])  # 6
+        self.cpu_ticks = int(f[11]) + int(f[12])  # 14 utime + 15 stime
+        self.start_ticks = int(f[19])  # 22
+        self.rss = int(f[21]) * PAGE  # 24, pages
+        # 52: waitpid-style status, set once the process is a zombie (Linux >= 3.5)
+        self.exit_status = int(f[49]) if len(f) > 49 else None
+
+    @property
+    def dead(self) -> bool:
+        return self.state in ("Z", "X", "x")
+
+
+def read_stat(pid: int) -> Stat | None:
+    """None when the process is gone (or vanishes while we read): never an exception."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb", buffering=0) as f:
+            return Stat(f.read())
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def read_cmdline(pid: int) -> list[str] | None:
+    """argv as psutil splits it: NUL-separated, or space-separated once a title was set."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb", buffering=0) as f:
+            data = f.read()
+    except OSError:
+        return None
+    parts = data.rstrip(b"\0").split(b"\0")
+    if len(parts) == 1:  # a title set by setproctitle: padded, space separated
+        parts = parts[0].split()
+    return [p.decode("utf-8", "replace") for p in parts]
+
+
+def read_environ(pid: int) -> bytes | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb", buffering=0) as f:
+            return b"\0" + f.read() + b"\0"
+    except OSError:
+        return None
+
+
+def list_pids() -> set[int]:
+    return {int(n) for n in os.listdir("/proc") if n.isdigit()}
+
+
+def decode_status(status: int | None) -> tuple[int | None, int | None]:
+    """(code, signal) from a waitpid-style status."""
+    if status is None:
+        return None, None
+    if os.WIFSIGNALED(status):
+        return None, os.WTERMSIG(status)
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status), None
+    return None, None
+
+
+def ancestors(pid: int) -> set[int]:
+    """pid and the processes above it: never ours to kill."""
+    out = {pid}
+    while pid > 1:
+        st = read_stat(pid)
+        if st is None:
+            break
+        pid = st.ppid
+        out.add(pid)
+    return out
+
+
+def vllm_name(argv: list[str] | None, comm: str, top: bool) -> str:
+    """The name vLLM gives a process: its title `VLLM::EngineCore_DP0` -> "EngineCore_DP0"."""
+    argv = argv or []
+    first = argv[0].strip() if argv else ""
+    if first.startswith("VLLM::"):
+        return first[6:].split()[0] if first[6:].split() else "VLLM"
+    if comm.startswith("VLLM::"):
+        return comm[6:] or "VLLM"
+    joined = " ".join(argv)
+    if top and _looks_like_server(argv):
+        return "APIServer"
+    if "multiprocessing.resource_tracker" in joined:
+        return "resource_tracker"
+    if "from multiprocessing.spawn import" in joined or "multiprocessing.forkserver" in joined:
+        return "mp-spawn"
+    return comm
+
+
+def _looks_like_server(argv: list[str]) -> bool:
+    for i, arg in enumerate(argv):
+        base = os.path.basename(arg)
+        if base == "vllm" and argv[i + 1 : i + 2] == ["serve"]:
+            return True
+        if arg in ("vllm.entrypoints.openai.api_server", "tui.sim.engine"):
+            return True
+    return False
+
+
+def boot_time() -> float:
+    """Epoch of boot to 10 ms (psutil's btime is whole seconds): start ticks -> epoch."""
+    try:
+        with open("/proc/uptime", "rb") as f:
+            return time.time() - float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return psutil.boot_time()
+
+
+def pidfd_supported() -> bool:
+    if not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------- run dir
+
+
+class Run:
+    """A run directory as the launcher left it (launch.json, pid, exit.json, server.log)."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.dir = os.path.abspath(os.path.expanduser(run_dir))
+        launch = read_json(os.path.join(self.dir, "launch.json"))
+        if launch is None:
+            raise AgentFailure("run_not_found", f"no run at {self.dir} (launch.json missing)")
+        self.launch = launch
+        self.run_id = str(launch.get("run_id") or os.path.basename(self.dir))
+        self.env_needle = f"\0{ENV_KEY}={self.run_id}\0".encode()
+        self.log = os.path.join(self.dir, "server.log")
+        self.exit_path = os.path.join(self.dir, "exit.json")
+        self.pidinfo: dict = {}
+        self.load_pid()
+
+    def load_pid(self) -> None:
+        self.pidinfo = read_json(os.path.join(self.dir, "pid")) or {}
+
+    def _int(self, key: str) -> int | None:
+        value = self.pidinfo.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def top_pid(self) -> int | None:
+        return self._int("pid")
+
+    @property
+    def pgid(self) -> int | None:
+        return self._int("pgid")
+
+    @property
+    def sid(self) -> int | None:
+        return self._int("sid")
+
+    @property
+    def monitor_pid(self) -> int | None:
+        return self._int("monitor_pid")
+
+    def exit_info(self) -> dict | None:
+        return read_json(self.exit_path)
+
+    def top_alive(self) -> bool:
+        """The top process lives: the very process recorded (start time), not a zombie."""
+        if self.top_pid is None or os.path.exists(self.exit_path):
+            return False
+        st = read_stat(self.top_pid)
+        return st is not None and not st.dead and self.is_top(st)
+
+    def is_top(self, st: Stat) -> bool:
+        ticks = self._int("start_ticks")
+        if ticks is not None:
+            return st.start_ticks == ticks
+        env = read_environ(self.top_pid or 0)
+        return env is None or self.env_needle in env
+
+
+# ----------------------------------------------------------------------------- tracking
+
+
+class Proc:
+    """One process of the run; its pidfd turns readable when it exits."""
+
+    __slots__ = ("alive", "argv", "comm", "cpu_prev", "name", "pgid", "pid", "pidfd", "ppid",
+                 "start_ticks", "state", "top")
+
+    def __init__(self, pid: int, st: Stat, top: bool) -> None:
+        self.pid = pid
+        self.top = top
+        self.start_ticks = st.start_ticks
+        self.ppid, self.pgid, self.comm = st.ppid, st.pgid, st.comm
+        self.state = "zombie" if st.state == "Z" else "dead" if st.dead else "running"
+        self.argv = read_cmdline(pid)
+        self.name = vllm_name(self.argv, st.comm, top)
+        self.pidfd: int | None = None
+        self.alive = not st.dead
+        self.cpu_prev: tuple[int, float] | None = None
+
+
+class Tracker:
+    """Finds the run's processes (top, descendants, process group, env) and their deaths.
+
+    Membership: a child of a live member; a process in the run's process group *and* session
+    (both numbers together cannot have been recycled); and, when env_scan, a process whose
+    environ carries SPECCONSOLE_RUN_ID=<run id> (it may have left with setsid).  Each pid is
+    judged once, when it first appears, so a scan costs one listdir of /proc plus a read per
+    new process.
+    """
+
+    def __init__(self, run: Run, use_pidfd: bool, env_scan: bool = True) -> None:
+        self.run = run
+        self.use_pidfd = use_pidfd
+        self.env_scan = env_scan
+        self.poller = select.poll()
+        self.procs: dict[int, Proc] = {}
+        self.by_fd: dict[int, Proc] = {}
+        self.seen: set[int] = set()  # pids already judged (member or not)
+        self.boot = boot_time()
+        self.top_done = False
+
+    def alive(self) -> list[Proc]:
+        return [p for p in self.procs.values() if p.alive]
+
+    def group_is_ours(self) -> bool:
+        """A live member holds the group, so its number cannot have been reused."""
+        pgid = self.run.pgid
+        return pgid is not None and any(p.alive and p.pgid == pgid for p in self.procs.values())
+
+    def scan(self) -> list[Proc]:
+        """Judge the pids that appeared since the last scan; return the newly adopted."""
+        adopted = []
+        if not self.top_done and self.run.top_pid is not None:
+            self.top_done = True
+            st = read_stat(self.run.top_pid)
+            if st is not None and self.run.exit_info() is None and self.run.is_top(st):
+                self.seen.add(self.run.top_pid)
+                adopted.append(self._adopt(self.run.top_pid, st, top=True))
+        try:
+            pids = list_pids()
+        except OSError:
+            return adopted
+        self.seen &= pids
+        fresh = {}
+        for pid in pids - self.seen:
+            st = read_stat(pid)
+            if st is not None:
+                fresh[pid] = st
+        self.seen |= pids
+        if self.env_scan:
+            me = os.getpid()
+            for pid, st in list(fresh.items()):
+                env = read_environ(pid) if not st.dead and pid != me else None
+                if env is not None and self.run.env_needle in env:
+                    adopted.append(self._adopt(pid, fresh.pop(pid), top=False))
+        changed = True
+        while changed and fresh:  # fixpoint: an adopted parent makes its children members
+            changed = False
+            for pid, st in list(fresh.items()):
+                if self._member(st):
+                    adopted.append(self._adopt(pid, fresh.pop(pid), top=False))
+                    changed = True
+        return adopted
+
+    def _member(self, st: Stat) -> bool:
+        parent = self.procs.get(st.ppid)
+        if parent is not None and parent.alive:
+            return True
+        if st.pgid != self.run.pgid:
+            return False
+        return st.sid == self.run.sid if self.run.sid is not None else self.group_is_ours()
+
+    def _adopt(self, pid: int, st: Stat, top: bool) -> Proc:
+        proc = Proc(pid, st, top)
+        self.procs[pid] = proc
+        if not proc.alive or not self.use_pidfd:
+            return proc
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # already gone
+            proc.alive = False
+            return proc
+        again = read_stat(pid)  # the pidfd is this process's only if the pid was not reused
+        if again is None or again.start_ticks != st.start_ticks:
+            os.close(fd)
+            proc.alive = False
+            return proc
+        proc.pidfd = fd
+        self.by_fd[fd] = proc
+        self.poller.register(fd, select.POLLIN)
+        return proc
+
+    def poll_deaths(self) -> list[Proc]:
+        """Without pidfds: read each live process's stat (the fallback's cost)."""
+        dead = []
+        for p in self.alive():
+            if p.pidfd is None:
+                st = read_stat(p.pid)
+                if st is None or st.dead or st.start_ticks != p.start_ticks:
+                    dead.append(p)
+        return dead
+
+    def mark_dead(self, proc: Proc) -> dict:
+        """Record a death; return the exit event's fields (code read from the zombie's stat)."""
+        code = sig = None
+        st = read_stat(proc.pid)
+        if st is not None and st.start_ticks == proc.start_ticks and st.dead:
+            code, sig = decode_status(st.exit_status)
+            proc.state = "zombie" if st.state == "Z" else "dead"
+        else:
+            proc.state = "dead"
+        if proc.pidfd is not None:
+            self.poller.unregister(proc.pidfd)
+            self.by_fd.pop(proc.pidfd, None)
+            os.close(proc.pidfd)
+            proc.pidfd = None
+        proc.alive = False
+        return {"pid": proc.pid, "name": proc.name, "code": code, "signal": sig,
+                "time": time.time(), "top": proc.top}
+
+    def snapshot(self, now: float, secrets: list[str]) -> list[dict]:
+        """procs message body: live processes, and each dead one once (alive false)."""
+        out = []
+        for pid, p in list(self.procs.items()):
+            st = read_stat(pid) if p.alive else None
+            if st is not None and st.start_ticks == p.start_ticks and not st.dead:
+                if st.comm != p.comm or p.name == "mp-spawn":  # exec, or a title set since
+                    p.comm = st.comm
+                    p.argv = read_cmdline(pid) or p.argv
+                    p.name = vllm_name(p.argv, st.comm, p.top)
+                cpu = None
+                if p.cpu_prev is not None and now > p.cpu_prev[1]:
+                    cpu = round((st.cpu_ticks - p.cpu_prev[0]) / CLK_TCK
+                                / (now - p.cpu_prev[1]) * 100, 1)
+                p.cpu_prev = (st.cpu_ticks, now)
+                p.ppid, p.state = st.ppid, STATES.get(st.state, st.state)
+                out.append(self._row(p, cpu, st.rss, secrets))
+            elif not p.alive:
+                out.append(self._row(p, None, None, secrets))
+                del self.procs[pid]
+        return out
+
+    def _row(self, p: Proc, cpu: float | None, rss: int | None, secrets: list[str]) -> dict:
+        cmd = " ".join(p.argv or [])[:MAX_CMD]
+        return {"pid": p.pid, "ppid": p.ppid, "name": p.name, "cmd": redact(cmd, secrets),
+                "state": p.state, "cpu": cpu, "rss": rss,
+                "started": round(self.boot + p.start_ticks / CLK_TCK, 2), "alive": p.alive}
+
+    def close(self) -> None:
+        for fd in list(self.by_fd):
+            os.close(fd)
+        self.by_fd.clear()
+
+
+def env_members(run: Run, exclude: set[int]) -> list[int]:
+    """Every live process whose environ carries this run's id (uncached: kill's sweep)."""
+    out = []
+    try:
+        pids = list_pids()
+    except OSError:
+        return out
+    for pid in pids - exclude:
+        env = read_environ(pid)
+        if env is not None and run.env_needle in env:
+            st = read_stat(pid)
+            if st is not None and not st.dead:
+                out.append(pid)
+    return sorted(out)
+
+
+# ----------------------------------------------------------------------------- GPUs
+
+
+class Gpus:
+    """NVML, absorbing every failure into None (nvitop's NA habit)."""
+
+    def __init__(self) -> None:
+        self.ok = False
+        self.error: str | None = None
+        self.version: str | None = None
+        self.nv = None
+        self.handles: list = []
+        self.names: list[str | None] = []
+        try:
+            import pynvml
+        except Exception as exc:
+            self.error = f"pynvml not importable: {exc}"
+            return
+        self.nv = pynvml
+        self.version = getattr(pynvml, "__version__", None) or _dist_version("nvidia-ml-py")
+        try:
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        except Exception as exc:
+            self.error = f"NVML unavailable: {exc}"
+            return
+        self.names = [self._na(pynvml.nvmlDeviceGetName, h) for h in self.handles]
+        self.names = [n.decode() if isinstance(n, bytes) else n for n in self.names]
+        self.ok = True
+
+    @staticmethod
+    def _na(fn, *args):
+        try:
+            return fn(*args)
+        except Exception:
+            return None
+
+    def holders(self, index: int) -> list[dict]:
+        nv, h = self.nv, self.handles[index]
+        seen: dict[int, dict] = {}
+        for fn in (nv.nvmlDeviceGetComputeRunningProcesses,
+                   nv.nvmlDeviceGetGraphicsRunningProcesses):
+            for item in self._na(fn, h) or []:
+                pid = getattr(item, "pid", None)
+                if isinstance(pid, int) and pid not in seen:
+                    mem = getattr(item, "usedGpuMemory", None)
+                    seen[pid] = {"pid": pid, "mem": mem if isinstance(mem, int) else None}
+        return list(seen.values())
+
+    def sample(self) -> list[dict]:
+        out = []
+        for i, h in enumerate(self.handles):
+            mem = self._na(self.nv.nvmlDeviceGetMemoryInfo, h)
+            util = self._na(self.nv.nvmlDeviceGetUtilizationRates, h)
+            out.append({
+                "index": i, "name": self.names[i],
+                "mem_used": getattr(mem, "used", None), "mem_total": getattr(mem, "total", None),
+                "util": getattr(util, "gpu", None), "procs": self.holders(i),
+            })
+        return out
+
+    def all_holders(self) -> list[dict]:
+        return [dict(h, gpu=i) for i in range(len(self.handles)) for h in self.holders(i)]
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:
+        return None
+
+
+# ----------------------------------------------------------------------------- log tail
+
+
+def utf8_cut(data: bytes) -> int:
+    """Where to split a too-long line so that no UTF-8 sequence is cut in two."""
+    n = len(data)
+    for i in range(1, min(4, n) + 1):
+        c = data[n - i]
+        if c & 0xC0 == 0x80:
+            continue
+        if c >= 0xC0:
+            need = 2 if c < 0xE0 else 3 if c < 0xF0 else 4
+            return n - i if need > i else n
+        return n
+    return n
+
+
+class LogTail:
+    """Complete lines from a byte offset; a partial last line waits for its newline."""
+
+    def __init__(self, path: str, offset: int) -> None:
+        self.path = path
+        self.offset = max(0, offset)
+        self.partial = b""
+        self.fd: int | None = None
+
+    def pump(self, final: bool = False) -> None:
+        if self.fd is None:
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY)
+            except OSError:
+                return
+        size = os.fstat(self.fd).st_size
+        if size < self.offset + len(self.partial):
+            emit("error", kind="log_truncated",
+                 message=f"{self.path} shrank to {size} bytes; reading from 0")
+            self.offset, self.partial = 0, b""
+        for _ in range(16):  # at most ~16 MB per tick keeps deaths and stdin prompt
+            pos = self.offset + len(self.partial)
+            want = min(size - pos, CHUNK - len(self.partial))
+            if want > 0:
+                self.partial += os.pread(self.fd, want, pos)
+            data = self.partial
+            if not data:
+                return
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                if len(data) >= CHUNK:
+                    cut = utf8_cut(data)
+                elif final and self.offset + len(data) >= size:
+                    cut = len(data)
+                else:
+                    return
+            self._send(data[:cut])
+            self.offset += cut
+            self.partial = data[cut:]
+
+    def _send(self, data: bytes) -> None:
+        lines = data.split(b"\n")
+        if data.endswith(b"\n"):
+            lines.pop()
+        emit("log", off=self.offset, end=self.offset + len(data),
+             lines=[line.decode("utf-8", "replace") for line in lines])
+
+
+# ----------------------------------------------------------------------------- health
+
+
+class Health(threading.Thread):
+    """GET the server's health paths off the main loop (a hung server must not delay deaths)."""
+
+    def __init__(self, port: int, paths: list[str], interval: float) -> None:
+        super().__init__(daemon=True, name="health")
+        self.port, self.paths, self.interval = port, paths, interval
+        self.stop = threading.Event()
+        self.last: dict[str, bool] = {}
+
+    def run(self) -> None:
+        import urllib.error
+        import urllib.request
+
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        while not self.stop.is_set():
+            for path in self.paths:
+                status: int | None
+                try:
+                    with opener.open(f"http://127.0.0.1:{self.port}{path}", timeout=1) as r:
+                        status = r.status
+                except urllib.error.HTTPError as exc:
+                    status = exc.code
+                except Exception:
+                    status = None
+                ok = status is not None and 200 <= status < 300
+                if self.stop.is_set():
+                    return
+                if self.last.get(path) != ok:
+                    self.last[path] = ok
+                    emit("health", ok=ok, path=path, status=status, time=time.time())
+            self.stop.wait(self.interval)
+
+
+# ----------------------------------------------------------------------------- spec
+
+
+def _get(spec: dict, key: str, kind: type | tuple, default: object = ...):
+    """spec[key] checked against kind; null counts as absent."""
+    value = spec.get(key)
+    if value is None:
+        if default is ...:
+            raise SpecError(f"spec needs {key!r}")
+        return default
+    if isinstance(value, bool) and kind in (int, float, (int, float)):
+        raise SpecError(f"spec {key!r} must be a number")
+    if not isinstance(value, kind):
+        raise SpecError(f"spec {key!r} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def _str_list(spec: dict, key: str) -> list[str]:
+    value = _get(spec, key, list, []) or []
+    if not all(isinstance(v, str) for v in value):
+        raise SpecError(f"spec {key!r} must be a list of strings")
+    return value
+
+
+# ----------------------------------------------------------------------------- launch
+
+
+def cmd_launch(spec: dict) -> int:
+    run_id = _get(spec, "run_id", str)
+    if not run_id or "/" in run_id or run_id in (".", ".."):
+        raise SpecError(f"bad run_id {run_id!r}")
+    argv = _str_list(spec, "argv")
+    if not argv:
+        raise SpecError("spec 'argv' is empty")
+    env = _get(spec, "env", dict, {}) or {}
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise SpecError("spec 'env' must map strings to strings")
+    secrets = _str_list(spec, "redact")
+    cwd = _get(spec, "cwd", str, None)
+    cwd = os.path.expanduser(cwd) if cwd else os.getcwd()
+    runs_dir = os.path.expanduser(_get(spec, "runs_dir", str))
+    os.makedirs(runs_dir, mode=0o700, exist_ok=True)
+    run_dir = os.path.abspath(os.path.join(runs_dir, run_id))
+    try:
+        os.mkdir(run_dir, 0o700)
+    except FileExistsError:
+        raise AgentFailure("run_exists", f"{run_dir} already exists") from None
+    os.chmod(run_dir, 0o700)
+    write_json_atomic(os.path.join(run_dir, "launch.json"), {
+        "run_id": run_id, "profile_key": spec.get("profile_key"),
+        "argv": [redact(a, secrets) for a in argv], "env_names": sorted(env),
+        "cwd": redact(cwd, secrets), "started": time.time(), "agent_version": AGENT_VERSION,
+    })
+    log = os.path.join(run_dir, "server.log")
+    log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    server_env = dict(os.environ)
+    server_env.update(env)
+    server_env[ENV_KEY] = run_id
+    # setproctitle (vLLM's VLLM::EngineCore titles) would otherwise overwrite
+    # /proc/<pid>/environ, hiding the run id from the sweep
+    server_env.setdefault("SPT_NOENV", "1")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = os.fork()
+    if child == 0:  # the monitor-to-be; it never returns into the agent
+        status = 0
+        try:
+            _become_monitor(run_dir, log_fd, argv, server_env, cwd)
+        except BaseException:
+            traceback.print_exc()  # fd 2 is server.log by then, or still the agent's stderr
+            status = 1
+        os._exit(status)
+    os.close(log_fd)
+    os.waitpid(child, 0)
+    pid_path = os.path.join(run_dir, "pid")
+    deadline = time.monotonic() + 30
+    while (info := read_json(pid_path)) is None:
+        if time.monotonic() > deadline:
+            raise AgentFailure("launch_timeout", f"the monitor wrote no pid file in {run_dir}")
+        time.sleep(0.005)
+    if info.get("pid") is None:
+        failure = read_json(os.path.join(run_dir, "exit.json")) or {}
+        raise AgentFailure("exec_failed", str(failure.get("error") or "the server did not start"))
+    emit("launched", run_id=run_id, run_dir=run_dir, pid=info["pid"], pgid=info["pgid"], log=log)
+    return 0
+
+
+def _become_monitor(run_dir: str, log_fd: int, argv: list[str], env: dict, cwd: str) -> None:
+    """Detach (new session, second fork), start the server, wait for it, write exit.json.
+
+    The monitor's own fds 0-2 go to /dev/null and server.log, and every other fd is closed,
+    so it never holds the agent's stdout pipe: an SSH exec returns as soon as the agent exits.
+    """
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) > 2:
+            with contextlib.suppress(OSError):  # the listing's own fd is gone already
+                os.close(int(name))
+    os.chdir("/")
+    group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+    pid_path = os.path.join(run_dir, "pid")
+    exit_path = os.path.join(run_dir, "exit.json")
+    try:
+        server = subprocess.Popen(argv, stdin=0, stdout=1, stderr=2, env=env, cwd=cwd, **group)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        message = f"specconsole: cannot start {argv[0]!r}: {exc}"
+        os.write(2, (message + "\n").encode("utf-8", "replace"))
+        write_json_atomic(exit_path, {"pid": None, "code": 127, "signal": None,
+                                      "time": time.time(), "error": message})
+        write_json_atomic(pid_path, {"pid": None, "pgid": None, "monitor_pid": os.getpid()})
+        return
+    st = read_stat(server.pid)
+    write_json_atomic(pid_path, {
+        "pid": server.pid, "pgid": server.pid, "monitor_pid": os.getpid(),
+        "sid": os.getsid(0), "start_ticks": st.start_ticks if st is not None else None,
+    })
+    rc = server.wait()
+    write_json_atomic(exit_path, {
+        "pid": server.pid, "code": rc if rc >= 0 else None, "signal": -rc if rc < 0 else None,
+        "time": time.time(),
+    })
+
+
+# ----------------------------------------------------------------------------- watch
+
+
+def cmd_watch(spec: dict) -> int:
+    run = Run(_get(spec, "run_dir", str))
+    log_offset = _get(spec, "log_offset", int, 0)
+    procs_every = float(_get(spec, "procs_interval", (int, float), 1.0))
+    gpus_every = float(_get(spec, "gpus_interval", (int, float), 1.0))
+    log_every = float(_get(spec, "log_interval", (int, float), 0.05))
+    health_spec = _get(spec, "health", dict, None)
+    secrets = _str_list(spec, "redact")
+    use_pidfd = pidfd_supported()
+    gpus = Gpus()
+    emit("hello", agent=AGENT_VERSION, python=platform.python_version(),
+         psutil=psutil.__version__, pynvml=gpus.version,
+         nvml={"ok": gpus.ok, "error": gpus.error}, gpu_count=len(gpus.handles),
+         host=socket.gethostname(), pidfd=use_pidfd, run_id=run.run_id, time=time.time())
+    health = None
+    if health_spec and isinstance(health_spec.get("port"), int):
+        paths = [p for p in health_spec.get("paths") or ["/health"] if isinstance(p, str)]
+        health = Health(health_spec["port"], paths, float(health_spec.get("interval", 1.0)))
+        health.start()
+    Watcher(run, use_pidfd, LogTail(run.log, log_offset), gpus if gpus.ok else None, secrets,
+            health, (procs_every, gpus_every, max(0.005, log_every))).loop()
+    return 0
+
+
+class Watcher:
+    """One thread, one poll(): stdin, the pidfds, and timers for log, procs, gpus."""
+
+    def __init__(self, run: Run, use_pidfd: bool, tail: LogTail, gpus: Gpus | None,
+                 secrets: list[str], health: Health | None, intervals: tuple) -> None:
+        self.run, self.tail, self.gpus, self.secrets, self.health = run, tail, gpus, secrets, health
+        self.procs_every, self.gpus_every, self.log_every = intervals
+        self.tracker = Tracker(run, use_pidfd)
+        self.stdin = sys.stdin.fileno()
+        self.tracker.poller.register(self.stdin, select.POLLIN | select.POLLHUP)
+        self.run_exited = False
+        self.finished = False
+
+    def loop(self) -> None:
+        now = time.monotonic()
+        next_log = next_procs = next_gpus = now
+        while True:
+            due = min(next_log, next_procs, next_gpus if self.gpus else next_log)
+            timeout = max(0.0, due - time.monotonic())
+            for fd, _ in self.tracker.poller.poll(timeout * 1000):
+                if fd == self.stdin:
+                    if not self._read_stdin():
+                        return
+                elif fd in self.tracker.by_fd:
+                    self._died(self.tracker.by_fd[fd])
+            now = time.monotonic()
+            if not self.tracker.use_pidfd:
+                for proc in self.tracker.poll_deaths():
+                    self._died(proc)
+            if now >= next_procs:
+                next_procs = now + self.procs_every
+                self._procs()
+            if now >= next_log:
+                next_log = now + self.log_every
+                self._log_and_exit()
+            if self.gpus is not None and now >= next_gpus:
+                next_gpus = now + self.gpus_every
+                emit("gpus", time=time.time(), gpus=self.gpus.sample())
+
+    def _read_stdin(self) -> bool:
+        try:
+            return bool(os.read(self.stdin, 65536))
+        except OSError:
+            return False
+
+    def _died(self, proc: Proc) -> None:
+        self.tail.pump()  # the dying process's last lines (its traceback) come before its exit
+        emit("exit", **self.tracker.mark_dead(proc))
+
+    def _procs(self) -> None:
+        if self.tracker.run.top_pid is None:
+            self.run.load_pid()
+        for proc in self.tracker.scan():
+            if not proc.alive:
+                self._died(proc)
+        emit("procs", time=time.time(), procs=self.tracker.snapshot(time.monotonic(),
+                                                                    self.secrets))
+
+    def _log_and_exit(self) -> None:
+        if not self.run_exited:
+            info = self.run.exit_info()
+            if info is not None:
+                self.run_exited = True
+                self.tail.pump()
+                emit("run_exit", pid=info.get("pid"), code=info.get("code"),
+                     signal=info.get("signal"), time=info.get("time"))
+        if self.run_exited and not self.tracker.alive():
+            if not self.finished:
+                self.finished = True
+                if self.health is not None:
+                    self.health.stop.set()
+            self.tail.pump(final=True)
+        else:
+            self.tail.pump()
+
+
+# ----------------------------------------------------------------------------- kill
+
+
+def cmd_kill(spec: dict) -> int:
+    run = Run(_get(spec, "run_dir", str))
+    grace = float(_get(spec, "grace", (int, float), 10.0))
+    exclude = ancestors(os.getpid())
+    monitor = run.monitor_pid
+    if monitor is not None:
+        exclude.add(monitor)
+    use_pidfd = pidfd_supported()
+    tracker = Tracker(run, use_pidfd, env_scan=False)
+    tracker.scan()
+    seen_pids: set[int] = set(tracker.procs)
+    group = run.pgid if tracker.group_is_ours() else None
+
+    targets = [p.pid for p in tracker.alive() if p.pid not in exclude]
+    if group is not None:
+        _signal_group(group, signal.SIGTERM)
+    for proc in tracker.alive():
+        if proc.pgid != group and proc.pid not in exclude:
+            _signal(proc.pid, signal.SIGTERM)
+    emit("kill_step", step="TERM", pids=sorted(targets), time=time.time())
+    _wait_dead(tracker, time.monotonic() + grace)
+
+    tracker.scan()  # members that appeared during the grace
+    seen_pids |= set(tracker.procs)
+    survivors = [p.pid for p in tracker.alive() if p.pid not in exclude]
+    if group is not None and tracker.group_is_ours():
+        _signal_group(group, signal.SIGKILL)
+    for pid in survivors:
+        _signal(pid, signal.SIGKILL)
+    emit("kill_step", step="KILL", pids=sorted(survivors), time=time.time())
+    _wait_dead(tracker, time.monotonic() + 5)
+
+    swept: list[int] = []
+    for _ in range(3):
+        found = env_members(run, exclude)
+        if not found:
+            break
+        for pid in found:
+            _signal(pid, signal.SIGKILL)
+        swept += found
+        _wait_pids(found, time.monotonic() + 5)
+    seen_pids |= set(swept)
+    emit("kill_step", step="SWEEP", pids=sorted(set(swept)), time=time.time())
+
+    if monitor is not None:  # let the monitor record the top's end
+        deadline = time.monotonic() + 3
+        while run.exit_info() is None and _alive(monitor) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    remaining = sorted({p.pid for p in tracker.alive() if _alive(p.pid)}
+                       | set(env_members(run, exclude)))
+    tracker.close()
+    released, holders = _gpu_release(seen_pids, time.monotonic() + min(10.0, grace + 2))
+    emit("killed", remaining=remaining, gpu_released=released, gpu_holders=holders,
+         time=time.time())
+    return 0
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, sig)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(pgid, sig)
+
+
+def _alive(pid: int) -> bool:
+    st = read_stat(pid)
+    return st is not None and not st.dead
+
+
+def _wait_dead(tracker: Tracker, deadline: float) -> None:
+    """Until every known process died (pidfds, or stat polling without them) or the deadline."""
+    while tracker.alive():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        step = 0.5 if all(p.pidfd is not None for p in tracker.alive()) else 0.02
+        for fd, _ in tracker.poller.poll(min(left, step) * 1000):
+            proc = tracker.by_fd.get(fd)
+            if proc is not None:
+                tracker.mark_dead(proc)
+        for proc in tracker.poll_deaths():
+            tracker.mark_dead(proc)
+
+
+def _wait_pids(pids: list[int], deadline: float) -> None:
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _gpu_release(pids: set[int], deadline: float) -> tuple[bool | None, list[dict]]:
+    """(released, holders): waits a little, since a killed process frees GPU memory late."""
+    gpus = Gpus()
+    if not gpus.ok:
+        return None, []
+    while True:
+        holders = gpus.all_holders()
+        for h in holders:
+            h["run"] = h["pid"] in pids
+        released = not any(h["run"] for h in holders)
+        if released or time.monotonic() >= deadline:
+            return released, holders
+        time.sleep(0.2)
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def cmd_runs(spec: dict) -> int:
+    runs_dir = os.path.expanduser(_get(spec, "runs_dir", str))
+    profile_key = _get(spec, "profile_key", str, None)
+    runs = []
+    try:
+        entries = list(os.scandir(runs_dir))
+    except OSError:
+        entries = []
+    for entry in entries:
+        if not entry.is_dir():
+            continue
+        try:
+            run = Run(entry.path)
+        except AgentFailure:
+            continue
+        if profile_key is not None and run.launch.get("profile_key") != profile_key:
+            continue
+        runs.append({
+            "run_id": run.run_id, "profile_key": run.launch.get("profile_key"),
+            "run_dir": run.dir, "started": run.launch.get("started"), "pid": run.top_pid,
+            "alive": run.top_alive(), "exit": run.exit_info(),
+        })
+    runs.sort(key=lambda r: r["started"] if isinstance(r["started"], (int, float)) else 0,
+              reverse=True)
+    emit("runs", runs=runs)
+    return 0
+
+
+# ----------------------------------------------------------------------------- preflight
+
+
+def cmd_preflight(spec: dict) -> int:
+    checks: list[dict] = []
+
+    def add(check: str, ok: bool, message: str, severity: str = "error") -> None:
+        checks.append({"check": check, "ok": ok, "severity": severity, "message": message})
+
+    for path in _str_list(spec, "compile_files"):
+        error = compile_error(os.path.expanduser(path))
+        add("compile", error is None, error or f"{path} compiles")
+    engine = _get(spec, "engine_package", str, None)
+    if engine:
+        _check_engine(engine, add)
+    gpus = None
+    if _get(spec, "check_gpus", bool, False):
+        gpus = Gpus()
+        _check_gpus(gpus, add)
+    port = _get(spec, "port", int, None)
+    if port is not None:
+        _check_port(port, add)
+    for path in _str_list(spec, "paths"):
+        exists = os.path.exists(os.path.expanduser(path))
+        add("path", exists, f"{path} exists" if exists else f"{path} does not exist")
+    expect = _get(spec, "expect_gpus", int, None)
+    if expect is not None:
+        gpus = gpus or Gpus()
+        seen = len(gpus.handles) if gpus.ok else 0
+        ok = expect <= seen
+        add("gpu_count", ok, f"{expect} GPUs expected, {seen} visible"
+            + ("" if gpus.ok else f" ({gpus.error})"), "warning")
+    emit("preflight", checks=checks)
+    return 0
+
+
+def compile_error(path: str) -> str | None:
+    """`file:line: message` when the remote interpreter cannot compile the file."""
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError as exc:
+        return f"{path}: cannot read: {exc.strerror or exc}"
+    try:
+        compile(source, path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        where = f"{exc.filename or path}:{exc.lineno}" if exc.lineno else path
+        text = f" ({exc.text.strip()})" if exc.text and exc.text.strip() else ""
+        return f"{where}: {type(exc).__name__}: {exc.msg}{text}"
+    except (ValueError, UnicodeDecodeError) as exc:
+        return f"{path}: {exc}"
+    return None
+
+
+def _check_engine(name: str, add) -> None:
+    """Compile the engine's .py files modified after installation (newer than RECORD)."""
+    import importlib.metadata as md
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        found = None
+    if found is None or not found.submodule_search_locations:
+        add("engine_package", False, f"package {name!r} not found by {sys.executable}", "warning")
+        return
+    root = next(iter(found.submodule_search_locations))
+    record = None
+    try:
+        dist_names = [name, *md.packages_distributions().get(name, [])]
+    except Exception:
+        dist_names = [name]
+    for dist_name in dist_names:
+        try:
+            dist = md.distribution(dist_name)
+        except md.PackageNotFoundError:
+            continue
+        for file in dist.files or []:
+            if file.name == "RECORD":
+                record = str(file.locate())
+                break
+        if record:
+            break
+    try:
+        installed = os.stat(record).st_mtime if record else None
+    except OSError:
+        installed = None
+    if installed is None:
+        add("engine_package", False, f"no RECORD for {name!r}: cannot tell changed files",
+            "warning")
+        return
+    changed = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for file in files:
+            path = os.path.join(folder, file)
+            try:
+                if file.endswith(".py") and os.stat(path).st_mtime > installed:
+                    changed.append(path)
+            except OSError:
+                continue
+    failed = 0
+    for path in sorted(changed):
+        error = compile_error(path)
+        if error:
+            failed += 1
+            add("engine_package", False, error)
+    if not failed:
+        add("engine_package", True,
+            f"{name}: {len(changed)} file(s) changed since install, all compile")
+
+
+def _check_gpus(gpus: Gpus, add) -> None:
+    if not gpus.ok:
+        add("gpus_free", False, gpus.error or "NVML unavailable", "warning")
+        return
+    busy = []
+    for h in gpus.all_holders():
+        try:
+            pname = psutil.Process(h["pid"]).name()
+        except psutil.Error:
+            pname = "?"
+        mem = f"{h['mem'] / 2**30:.1f} GiB" if isinstance(h["mem"], int) else "memory"
+        busy.append(f"GPU {h['gpu']}: {mem} held by pid {h['pid']} ({pname})")
+    add("gpus_free", not busy, "; ".join(busy) if busy else "no process holds GPU memory")
+
+
+def _check_port(port: int, add) -> None:
+    if not 0 < port < 65536:
+        add("port_free", False, f"port {port} is out of range")
+        return
+    problem = None
+    for host in ("0.0.0.0", "127.0.0.1"):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError as exc:
+                problem = f"port {port} is not free on {host}: {exc.strerror}"
+                break
+    if problem is None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(0.5)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                problem = f"port {port} answers on 127.0.0.1"
+    if problem is not None:
+        owner = _port_owner(port)
+        add("port_free", False, problem + (f" (held by {owner})" if owner else ""))
+    else:
+        add("port_free", True, f"port {port} is free")
+
+
+def _port_owner(port: int) -> str | None:
+    try:
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
+                if conn.pid is None:
+                    return "another user's process"
+                try:
+                    return f"pid {conn.pid} ({psutil.Process(conn.pid).name()})"
+                except psutil.Error:
+                    return f"pid {conn.pid}"
+    except (psutil.Error, OSError):
+        return None
+    return None
+
+
+# ----------------------------------------------------------------------------- main
+
+COMMANDS = {"launch": cmd_launch, "watch": cmd_watch, "kill": cmd_kill, "runs": cmd_runs,
+            "preflight": cmd_preflight}
+
+
+def main() -> int:
+    global psutil
+    try:
+        import psutil as _psutil
+    except ImportError as exc:
+        emit("error", kind="missing_module", module="psutil",
+             message=f"{exc} (interpreter {sys.executable}): {FIX_PYTHON}", fix=FIX_PYTHON)
+        return 3
+    psutil = _psutil
+    sub = sys.argv[1] if len(sys.argv) > 1 else ""
+    command = COMMANDS.get(sub)
+    if command is None:
+        emit("error", kind="bad_spec", message=f"unknown subcommand {sub!r}")
+        return 2
+    try:
+        spec = json.loads(sys.stdin.buffer.readline())
+        if not isinstance(spec, dict):
+            raise SpecError("the spec must be a JSON object")
+        return command(spec)
+    except (SpecError, ValueError) as exc:
+        emit("error", kind="bad_spec", message=str(exc))
+        return 2
+    except AgentFailure as exc:
+        emit("error", kind=exc.kind, message=str(exc))
+        return 1
+    except Exception as exc:
+        emit("error", kind="internal", message=f"{type(exc).__name__}: {exc}",
+             traceback=traceback.format_exc())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

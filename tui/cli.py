@@ -1,0 +1,365 @@
+"""`specconsole` command line: argparse subcommands over the supervisor and the pure core.
+
+Every user error ends as one line on stderr and a documented exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+from tui.core.describe import death_lines, describe, duration
+from tui.core.errors import PreflightFailed, RunNotFound, SpecconsoleError
+from tui.core.explain import explain
+from tui.core.profile import Profile, load_profile, parse_duration
+from tui.core.state import CauseUpdated, Died, LineAdded, Ready, Stalled, State
+from tui.remote import launcher
+from tui.supervisor import LinkLost, LinkRestored, Notice, Supervisor
+
+EXIT_READY = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_DEAD = 3
+EXIT_TIMEOUT = 4
+EXIT_STALLED = 5
+EXIT_PREFLIGHT = 6
+
+CAUSE_GRACE_S = 0.5  # after a death, how long `wait` lets late log lines sharpen the cause
+
+
+def _err(message: str) -> None:
+    print(f"specconsole: {message}", file=sys.stderr)
+
+
+class _Printer:
+    """One line per event, prefixed with the time since the command started (or JSON)."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.t0 = time.monotonic()
+
+    def say(self, text: str, **fields: Any) -> None:
+        if self.as_json:
+            print(json.dumps({"t": round(time.monotonic() - self.t0, 3), "msg": text, **fields}),
+                  flush=True)
+        else:
+            print(f"[{time.monotonic() - self.t0:7.1f}s] {text}", flush=True)
+
+
+# -- wait ------------------------------------------------------------------------------------
+
+async def _wait(sup: Supervisor, args: argparse.Namespace, out: _Printer) -> int:
+    events = sup.subscribe()
+    run = await sup.start(launch=args.launch, skip_preflight=args.skip_preflight)
+    verb = "attached to" if run.attached else "launched"
+    out.say(f"{verb} run {run.run_id} on {sup.profile.host.target} (pid {run.pid})",
+            run_id=run.run_id, pid=run.pid, attached=run.attached)
+    deadline = time.monotonic() + args.timeout if args.timeout else None
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            state = sup.machine.state.value
+            out.say(f"TIMEOUT after {duration(args.timeout)}; still {state}", state=state)
+            return EXIT_TIMEOUT
+        try:
+            event = await asyncio.wait_for(events.get(), left)
+        except asyncio.TimeoutError:
+            continue
+        if isinstance(event, Died):
+            await _settle_cause(events)
+            death = sup.machine.death or event.death
+            for line in death_lines(death):
+                out.say(line, state="dead", process=death.process, pid=death.pid,
+                        code=death.code, signal=death.signal,
+                        since_launch=round(death.since_launch, 3),
+                        root_cause=death.cause.line if death.cause else None)
+            return EXIT_DEAD
+        if isinstance(event, (LinkLost, LinkRestored, Notice)):
+            out.say(_link_text(event))
+            continue
+        for line in describe(event):
+            out.say(line, state=sup.machine.state.value)
+        if isinstance(event, Ready):
+            return EXIT_READY
+        if isinstance(event, Stalled):
+            return EXIT_STALLED
+
+
+async def _settle_cause(events: asyncio.Queue[Any]) -> None:
+    """Give log lines already in flight a moment to sharpen the root cause."""
+    end = time.monotonic() + CAUSE_GRACE_S
+    while (left := end - time.monotonic()) > 0:
+        try:
+            if isinstance(await asyncio.wait_for(events.get(), left), CauseUpdated):
+                continue
+        except asyncio.TimeoutError:
+            return
+
+
+def _link_text(event: LinkLost | LinkRestored | Notice) -> str:
+    if isinstance(event, LinkLost):
+        return f"connection lost, retrying in {event.retry_in:.1f}s — {event.reason}"
+    if isinstance(event, LinkRestored):
+        return f"connection restored to {event.host}"
+    return event.text
+
+
+async def cmd_wait(args: argparse.Namespace) -> int:
+    sup = Supervisor(_profile(args.profile))
+    try:
+        return await _wait(sup, args, _Printer(args.json))
+    finally:
+        await sup.close()
+
+
+async def cmd_launch(args: argparse.Namespace) -> int:
+    sup = Supervisor(_profile(args.profile))
+    try:
+        run = await sup.launch(skip_preflight=args.skip_preflight)
+        print(f"launched run {run.run_id} on {sup.profile.host.target} (pid {run.pid}); "
+              f"follow it with: specconsole wait {args.profile}")
+        return 0
+    finally:
+        await sup.close()
+
+
+# -- status, kill, logs, check -----------------------------------------------------------------
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    paths = ([args.profile] if args.profile
+             else sorted(str(p) for p in Path("profiles").glob("*.toml")))
+    if not paths:
+        _err("no profile given and none in ./profiles")
+        return EXIT_USAGE
+    code = 0
+    for path in paths:
+        sup = Supervisor(_profile(path))
+        try:
+            runs = await launcher.list_runs(await sup.connect(), sup.profile)
+        except SpecconsoleError as exc:
+            print(f"{sup.profile.key}: {exc}")
+            code = EXIT_ERROR
+            continue
+        finally:
+            await sup.close()
+        if not runs:
+            print(f"{sup.profile.key}: no runs")
+        for run in runs[: 1 if not args.profile else 10]:
+            print(f"{sup.profile.key}: {run.run_id} {_run_state(run.alive, run.exit)} "
+                  f"pid {run.pid} {run.run_dir}")
+    return code
+
+
+def _run_state(alive: bool, exit_info: dict[str, Any] | None) -> str:
+    if alive:
+        return "alive"
+    if exit_info:
+        if exit_info.get("signal") is not None:
+            return f"exited (signal {exit_info['signal']})"
+        return f"exited (code {exit_info.get('code')})"
+    return "gone"
+
+
+async def cmd_kill(args: argparse.Namespace) -> int:
+    sup = Supervisor(_profile(args.profile))
+    try:
+        await sup.attach()
+        print(f"killing run {sup.run.run_id if sup.run else '?'} "
+              f"(TERM, KILL after {args.grace:g}s, then sweep by run id)")
+        killed = await sup.kill(args.grace)
+        for step in sup.last_kill_steps:
+            print(f"  {step.step}: {', '.join(map(str, step.pids)) or 'nothing to signal'}")
+        if killed.remaining:
+            print(f"STILL RUNNING: {', '.join(map(str, killed.remaining))}")
+            return EXIT_ERROR
+        gpu = ("GPU memory released" if killed.gpu_released
+               else "GPU memory NOT released: " + ", ".join(
+                   f"pid {h.get('pid')} on GPU {h.get('gpu')}" for h in killed.gpu_holders)
+               if killed.gpu_released is False else "GPU memory: unknown (no NVML)")
+        print(f"no process of the run remains; {gpu}")
+        return 0 if killed.gpu_released is not False else EXIT_ERROR
+    finally:
+        await sup.close()
+
+
+async def cmd_logs(args: argparse.Namespace) -> int:
+    sup = Supervisor(_profile(args.profile))
+    events = sup.subscribe()
+    try:
+        await sup.attach()
+        quiet_since = time.monotonic()
+        while True:
+            try:
+                event = await asyncio.wait_for(events.get(), 0.3)
+            except asyncio.TimeoutError:
+                if not args.follow and time.monotonic() - quiet_since > 1.0:
+                    return 0
+                continue
+            if isinstance(event, LineAdded):
+                quiet_since = time.monotonic()
+                if args.raw or event.rule is None or event.rule.kind == "harmless":
+                    label = f"  [{event.rule.label}]" if event.rule is not None else ""
+                    print(event.line.plain + label, flush=True)
+    finally:
+        await sup.close()
+
+
+async def cmd_check(args: argparse.Namespace) -> int:
+    sup = Supervisor(_profile(args.profile))
+    try:
+        try:
+            checks = await sup.run_preflight()
+        except PreflightFailed:
+            checks = sup.last_checks
+            _print_checks(checks)
+            return EXIT_PREFLIGHT
+        _print_checks(checks)
+        return 0
+    finally:
+        await sup.close()
+
+
+def _print_checks(checks: Sequence[Any]) -> None:
+    for c in checks:
+        mark = "ok  " if c.ok else ("FAIL" if c.severity == "error" else "warn")
+        print(f"{mark} {c.check}: {c.message}")
+
+
+# -- explain, demo ---------------------------------------------------------------------------
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    path = Path(args.logfile)
+    try:
+        with path.open(encoding="utf-8", errors="replace", newline="") as fh:
+            result = explain((line.rstrip("\r\n") for line in fh), engine=args.engine)
+    except OSError as exc:
+        _err(f"{path}: {exc.strerror}")
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+        return 0
+    print(f"outcome:    {result.outcome}")
+    print(f"last phase: {result.last_phase or 'none'}")
+    if result.root_cause is not None:
+        print(f"root cause: {result.root_cause.line}  [{result.root_cause.process or '?'}]")
+    for symptom in result.symptoms:
+        print(f"symptom:    {symptom}")
+    for rule, count in sorted(result.hidden.items()):
+        print(f"hidden:     {count:6d}  {rule}")
+    return 0
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    from tui.sim.demo import demo_profile
+
+    profile = demo_profile(args.scenario, args.time_scale)
+    sup = Supervisor(profile)
+    out = _Printer(False)
+    try:
+        ns = argparse.Namespace(launch=True, skip_preflight=False, timeout=None)
+        code = await _wait(sup, ns, out)
+        if sup.machine.state is State.READY:
+            out.say("the simulated server is serving; stopping it (the demo cleans up)")
+        await sup.kill(2.0)
+        return code
+    finally:
+        await sup.close()
+
+
+# -- parsing ---------------------------------------------------------------------------------
+
+def _profile(path: str) -> Profile:
+    return load_profile(path)
+
+
+def _duration_arg(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="specconsole",
+        description="Launch and supervise LLM inference servers on GPU hosts over SSH.",
+        epilog="wait exit codes: 0 ready, 3 dead, 4 timeout, 5 stalled, 1 error, 2 bad input")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, help_: str, fn: Callable[..., Any]) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.set_defaults(fn=fn)
+        return sp
+
+    sp = add("launch", "start the profile's server detached on its host (after preflight)",
+             cmd_launch)
+    sp.add_argument("profile")
+    sp.add_argument("--skip-preflight", action="store_true")
+
+    sp = add("wait", "follow the profile's run until ready (0), dead (3), timeout (4), stalled (5)",
+             cmd_wait)
+    sp.add_argument("profile")
+    sp.add_argument("--launch", action="store_true", help="launch when no run is alive")
+    sp.add_argument("--until", choices=["ready"], default="ready")
+    sp.add_argument("--timeout", type=_duration_arg, default=None, help="e.g. 40m, 90s")
+    sp.add_argument("--json", action="store_true", help="one JSON object per line")
+    sp.add_argument("--skip-preflight", action="store_true")
+
+    sp = add("status", "list the runs of a profile (or of every profile in ./profiles)",
+             cmd_status)
+    sp.add_argument("profile", nargs="?")
+
+    sp = add("kill", "TERM the run's process group, KILL after the grace, sweep by run id",
+             cmd_kill)
+    sp.add_argument("profile")
+    sp.add_argument("--grace", type=float, default=10.0)
+
+    sp = add("logs", "print the run's log, filtered (or --raw); --follow to keep going",
+             cmd_logs)
+    sp.add_argument("profile")
+    sp.add_argument("--raw", action="store_true")
+    sp.add_argument("--follow", action="store_true")
+
+    sp = add("check", "run the profile's preflight checks only", cmd_check)
+    sp.add_argument("profile")
+
+    sp = add("explain", "post-mortem of a saved vLLM log: outcome, last phase, root cause",
+             cmd_explain)
+    sp.add_argument("logfile")
+    sp.add_argument("--engine", default="vllm", choices=["vllm"])
+    sp.add_argument("--json", action="store_true")
+
+    sp = add("demo", "run the simulated engine locally (no GPU, no SSH) and follow it",
+             cmd_demo)
+    sp.add_argument("--scenario", default="ready",
+                    choices=["ready", "syntax-error", "oom", "hang", "engine-killed"])
+    sp.add_argument("--time-scale", type=float, default=75.0)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result = args.fn(args)
+        if isinstance(result, Coroutine):
+            result = asyncio.run(result)
+        return int(result)
+    except (PreflightFailed, RunNotFound) as exc:
+        _err(str(exc))
+        return EXIT_PREFLIGHT if isinstance(exc, PreflightFailed) else EXIT_ERROR
+    except SpecconsoleError as exc:
+        _err(str(exc))
+        return EXIT_USAGE if exc.title == "profile error" else EXIT_ERROR
+    except KeyboardInterrupt:
+        _err("interrupted; the server (if any) keeps running")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

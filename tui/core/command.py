@@ -1,0 +1,88 @@
+"""From a profile to the argv that starts the server, and the care its secrets need.
+
+Everything here returns argv lists, never shell text: the only place a command becomes a string
+is `shell_join` (shlex), so a profile value like `$(touch /tmp/pwned)` reaches the server as
+literal text. Secret values travel in the agent's stdin spec, never in argv, and are redacted
+from anything written down.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from secrets import token_hex
+
+from tui.core.errors import ProfileError
+from tui.core.profile import Profile
+
+REDACTED = "«redacted»"
+shell_join = shlex.join
+
+
+def host_python(profile: Profile) -> str:
+    """The interpreter on the host: the profile's, else this one for "local", else python3."""
+    if profile.host.python:
+        return profile.host.python
+    return sys.executable if profile.host.target == "local" else "python3"
+
+
+def speculative_config_json(profile: Profile) -> str | None:
+    """The `--speculative-config` JSON: method, model, tokens, then pass-through keys."""
+    spec = profile.server.speculative
+    if spec is None:
+        return None
+    config = {"method": spec.method, "model": spec.model,
+              "num_speculative_tokens": spec.num_speculative_tokens}
+    return json.dumps({k: v for k, v in config.items() if v is not None} | spec.extra)
+
+
+def build_server_argv(profile: Profile, python: str) -> list[str]:
+    """The server's argv: the simulated engine, the raw `command`, or `vllm serve MODEL ...`.
+
+    `python` runs the simulated engine (the host's interpreter, with tui importable).
+    """
+    server = profile.server
+    spec = speculative_config_json(profile)
+    spec_args = ["--speculative-config", spec] if spec is not None else []
+    sized = ["--port", str(server.port), "--tensor-parallel-size", str(server.tensor_parallel_size)]
+    sim = profile.simulate
+    if sim is not None:
+        argv = [python, "-m", "tui.sim.engine", "serve", str(server.model), *sized, *spec_args,
+                *server.args, "--sim-scenario", sim.scenario,
+                "--sim-time-scale", str(sim.time_scale), "--sim-gpus", str(sim.gpus)]
+        return argv + (["--sim-gpu-state", sim.gpu_state] if sim.gpu_state else [])
+    if server.command is not None:
+        return list(server.command)
+    return [*server.executable, str(server.model), "--port", str(server.port),
+            "--host", server.listen,
+            "--tensor-parallel-size", str(server.tensor_parallel_size), *spec_args, *server.args]
+
+
+def resolve_secrets(profile: Profile, environ: Mapping[str, str]) -> dict[str, str]:
+    """Values of `server.secret_env` from the LOCAL environment; a missing one is an error."""
+    values = {}
+    for name in profile.server.secret_env:
+        if not environ.get(name):
+            raise ProfileError(profile.path, f"secret {name} is not set in the local environment; "
+                               f"export {name}=... before launching {profile.name}",
+                               key="server.secret_env")
+        values[name] = environ[name]
+    return values
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """Replace each secret value of 4+ characters (shorter ones would blank out ordinary text)."""
+    for value in sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True):
+        text = text.replace(value, REDACTED)
+    return text
+
+
+def new_run_id(profile_name: str, now: datetime | float) -> str:
+    """`<stem>-<YYYYmmdd-HHMMSS>-<6 hex>`: sortable by time, safe as a directory name."""
+    when = now if isinstance(now, datetime) else datetime.fromtimestamp(now)
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", profile_name).lstrip(".-") or "run"
+    return f"{stem}-{when:%Y%m%d-%H%M%S}-{token_hex(3)}"

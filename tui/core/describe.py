@@ -1,0 +1,57 @@
+"""Domain events in words: one line each, for `wait`, the status line and history.
+
+The same sentences everywhere, so a user who read the console can grep a script's output.
+"""
+
+from __future__ import annotations
+
+from tui.core.state import (
+    CauseUpdated,
+    Death,
+    Died,
+    PhaseChanged,
+    Ready,
+    Stalled,
+    State,
+    StateChanged,
+)
+
+
+def duration(seconds: float) -> str:
+    """12m04s, 1h02m, 9.5s: compact, readable at a glance."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def death_lines(death: Death) -> list[str]:
+    """The DEAD headline and its root cause, as `wait` prints them and the banner shows them."""
+    phase = f" while {death.phase.label}" if death.phase is not None else ""
+    lines = [f"DEAD: {death.summary()}{phase}"]
+    if death.cause is not None:
+        who = f" ({death.cause.process})" if death.cause.process else ""
+        lines.append(f"root cause{who}: {death.cause.line}")
+    else:
+        lines.append("root cause: not found in the log (see `specconsole logs --raw`)")
+    return lines
+
+
+def describe(event: object) -> list[str]:
+    """Lines worth printing for one domain event (most events print nothing)."""
+    if isinstance(event, PhaseChanged):
+        return [f"phase: {event.phase.label} (at {duration(event.since_launch)})"]
+    if isinstance(event, Ready):
+        return [f"READY after {duration(event.took)}: the health endpoint answers"]
+    if isinstance(event, Died):
+        return death_lines(event.death)
+    if isinstance(event, CauseUpdated) and event.death.cause is not None:
+        return [f"root cause ({event.death.cause.process or '?'}): {event.death.cause.line}"]
+    if isinstance(event, Stalled):
+        return [f"STALLED: {event.summary()}"]
+    if isinstance(event, StateChanged) and event.state in (State.KILLING, State.STOPPED):
+        return [f"state: {event.state.value}"]
+    return []

@@ -1,0 +1,239 @@
+"""One server log line, decoded: escapes gone, wrappers peeled, process prefix and header split off.
+
+vLLM writes `[(<Proc> pid=<N>) ]<LEVEL> <MM-DD> <HH:MM:SS> [<file>.py:<line>] <message>`, but real
+logs arrive wrapped (docker compose, CI and container timestamps, syslog's `#033` escapes, another
+supervisor's logger), with nested prefixes, colour, and tqdm bars redrawn with `\\r`. Every later
+stage (noise, phases, root cause) matches on `message`, so this is where the variety ends.
+
+This runs on every line of a log that can reach millions of lines: the common shapes take cheap
+string checks and one precompiled regex each; the rare ones pay for themselves.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields, make_dataclass
+
+# -- escapes ----------------------------------------------------------------------------------
+
+_ESCAPES = (
+    r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC: window title, OSC 52 clipboard, hyperlinks
+    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"  # DCS / SOS / PM / APC strings
+    r"|\x1b\[[0-?]*[ -/]*[@-~]?"  # CSI: cursor moves, screen clear, SGR (kept by keep_colours)
+    r"|\x1b[ -/]*[0-~]?"  # any other ESC sequence, or a lone ESC
+    r"|\x9d[^\x07\x9c]*[\x07\x9c]?"  # 8-bit OSC
+    r"|[\x90\x98\x9e\x9f][^\x9c]*\x9c?"  # 8-bit string controls
+    r"|\x9b[0-?]*[ -/]*[@-~]?"  # 8-bit CSI
+    r"|[\x00-\x08\x0a-\x1f\x7f-\x9f]"  # what is left of C0 (tab survives), DEL, C1
+)
+_ESCAPE_RE = re.compile(_ESCAPES)
+_KEEP_SGR_RE = re.compile(r"(\x1b\[[0-9;:]*m)|" + _ESCAPES)
+# rsyslog writes control characters as `#ooo` (octal): `#033` is ESC, `#015` CR.
+_SYSLOG_RE = re.compile(r"#(0[0-3][0-7]|177)")
+
+
+def _decode_syslog(s: str) -> str:
+    return _SYSLOG_RE.sub(lambda m: chr(int(m.group(1), 8)), s)
+
+
+def _visible(s: str, clean: re.Pattern[str], repl: str) -> str:
+    """What a terminal leaves on the line: the last non-blank `\\r` segment, cleaned."""
+    if "\r" in s:
+        s = _last_segment(s.split("\r"))[1]
+    return s if s.isprintable() else clean.sub(repl, s)
+
+
+def _last_segment(segs: list[str]) -> tuple[int, str]:
+    """Index and text of the last segment with something visible in it ((0, "") if none)."""
+    for index in range(len(segs) - 1, -1, -1):
+        seg = segs[index]
+        if (seg if seg.isprintable() else _ESCAPE_RE.sub("", seg)).strip():
+            return index, seg
+    return 0, ""
+
+
+def strip_escapes(s: str) -> str:
+    """Plain text: every ANSI/OSC/CSI sequence and control character except tab removed.
+
+    A `\\r` redraw (tqdm) keeps its last non-blank segment, as a terminal would show it.
+    """
+    return _visible(s, _ESCAPE_RE, "")
+
+
+def keep_colours(s: str) -> str:
+    """Safe to render: SGR colour sequences kept, every other escape and control removed."""
+    return _visible(s, _KEEP_SGR_RE, r"\1")
+
+
+# -- the line ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """A decoded line. `proc`/`pid` name the innermost process prefix (the real origin).
+
+    `plain` is the visible text (escapes removed, wrappers kept); `message` is what the process
+    logged, without wrappers, prefix, level, timestamp or source location.
+    """
+
+    offset: int
+    raw: str
+    plain: str
+    proc: str | None
+    pid: int | None
+    level: str | None
+    message: str
+
+
+# A frozen dataclass's __init__ pays object.__setattr__ per field (about 3x a plain one). Lines
+# are built as this twin, same slots, then given LogLine's class: frozen from then on.
+_Building = make_dataclass("_Building", [(f.name, f.type) for f in fields(LogLine)], slots=True)
+
+
+def _new_line(offset: int, raw: str, plain: str, proc: str | None, pid: int | None,
+              level: str | None, message: str) -> LogLine:
+    line = _Building(offset, raw, plain, proc, pid, level, message)
+    line.__class__ = LogLine
+    return line  # type: ignore[return-value]
+
+
+# Outer wrappers, peeled in any order: docker compose `svc-1  | `, CI `[2024-09-05T00:38:34Z] `,
+# RFC3339 (container runtimes), a supervisor's logger `07:28:59 [INFO] [job] [INFERENCE LOG] `,
+# a syslog header `Sep  5 00:38:34 host vllm[123]: `.
+_WRAPPER_RE = re.compile(
+    r"[A-Za-z0-9][\w.-]*\s+\|(?: |$)"
+    r"|\[\d{4}-\d\d-\d\d[T ][\d:.]+(?:Z|[+-]\d\d:?\d\d)?\] "
+    r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)? "
+    r"|\d\d:\d\d:\d\d(?:[.,]\d+)? \[[A-Z]+\](?: \[[^\]]*\])* "
+    r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [\w./-]+(?:\[\d+\])?: "
+)
+_MONTH_INITIALS = frozenset("JFMASOND")
+
+# `(Name pid=N) `, `(VllmWorker rank=0 pid=N)`, `(VllmWorker TP2 pid=N)`,
+# `(RayWorkerWrapper pid=N, ip=10.0.0.1)`; the `(` may have been lost in a copy.
+# A fork's `(Engine (DP0))` / `(Worker (TP1))` / `(API)` shape is accepted too.
+_PREFIX_RE = re.compile(
+    r"\(?(?:([A-Za-z][\w-]*(?: (?:rank=\d+|TP\d+))?) pid=(\d+)(?:, ip=[^)\s]*)?"
+    r"|(API|Engine \(\w+\)|Worker \(\w+\)))\)(?: |$)?"
+)
+# Embedded prefix: a tqdm bar left without newline shares the physical line with a record.
+_EMBEDDED_PREFIX_RE = re.compile(
+    r"\(([A-Za-z][\w-]*(?: (?:rank=\d+|TP\d+))?) pid=(\d+)(?:, ip=[^)\s]*)?\)(?: |$)"
+)
+# `INFO 09-04 17:38:34 [utils.py:302] ` (brackets optional, relative paths allowed, millis
+# allowed) or uvicorn's `INFO:     `.
+_HEADER_RE = re.compile(
+    r"(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)"
+    r"(?: \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? (?:\[?[\w./-]+:\d+\] ?)?|:\s+)"
+)
+_LEVEL_INITIALS = frozenset("DIWEC")
+
+
+def _peel_wrappers(s: str) -> str:
+    for _ in range(4):
+        c = s[:1]
+        if not (c.isdigit() or c == "[" or " |" in s or (c in _MONTH_INITIALS and s[3:4] == " ")):
+            return s
+        m = _WRAPPER_RE.match(s)
+        if m is None:
+            return s
+        s = s[m.end():]
+    return s
+
+
+_MISS = object()
+_PREFIX_CACHE: dict[str, tuple[str, int | None] | None] = {}
+
+
+def _prefix_at(s: str, pos: int) -> tuple[str, int | None, int] | None:
+    """The process prefix at `pos`: (name, pid, where the rest starts). A log has a handful of
+    distinct prefixes, so each is parsed by regex once and then found in a dict."""
+    j = s.find(") ", pos, pos + 120)
+    if j < 0:  # nothing after the prefix (a tqdm leftover), or no prefix at all
+        m = _PREFIX_RE.match(s, pos)
+        return (m.group(1) or m.group(3), _pid(m.group(2)), m.end()) if m else None
+    key = s[pos:j + 1]
+    hit = _PREFIX_CACHE.get(key, _MISS)
+    if hit is _MISS:
+        m = _PREFIX_RE.fullmatch(key)
+        hit = (m.group(1) or m.group(3), _pid(m.group(2))) if m else None
+        if len(_PREFIX_CACHE) > 4096:  # lines that only look like prefixes must not pile up
+            _PREFIX_CACHE.clear()
+        _PREFIX_CACHE[key] = hit
+    return None if hit is None else (hit[0], hit[1], j + 2)  # type: ignore[index]
+
+
+def _pid(text: str | None) -> int | None:
+    return int(text) if text is not None else None
+
+
+def _prefixes(s: str) -> tuple[str | None, int | None, int]:
+    """The innermost of the leading process prefixes, and where the rest of the line starts."""
+    proc: str | None = None
+    pid: int | None = None
+    pos = 0
+    while True:
+        hit = _prefix_at(s, pos)
+        if hit is None:
+            return proc, pid, pos
+        proc, pid, pos = hit
+        if s[pos:pos + 1] != "(":
+            return proc, pid, pos
+
+
+def parse_line(raw: str, offset: int = -1) -> LogLine:
+    """Decode one raw line (a trailing newline is tolerated)."""
+    s = raw.rstrip("\n") if raw[-1:] == "\n" else raw
+    if "#" in s and ("#0" in s or "#177" in s):
+        s = _decode_syslog(s)
+    carried: tuple[str | None, int | None] = (None, None)
+    if not s.isprintable():
+        if "\r" in s:
+            s, carried = _tqdm_segment(s)
+        else:
+            s = _ESCAPE_RE.sub("", s)
+    plain = s
+    body = _peel_wrappers(s) if s[:1] != "(" else s
+    proc: str | None = None
+    pid: int | None = None
+    if body[:1] == "(" or " pid=" in body[:100]:
+        proc, pid, pos = _prefixes(body)
+        if pos:
+            body = body[pos:]
+        elif body[:1] != " ":
+            m = _EMBEDDED_PREFIX_RE.search(body)
+            if m is not None:
+                proc, pid, pos = _prefixes(body[m.start():])
+                body = body[m.start() + pos:]
+    if proc is None and carried[0] is not None:
+        proc, pid = carried
+        plain = f"({proc} pid={pid}) {plain}" if pid is not None else f"({proc}) {plain}"
+    level: str | None = None
+    if body[:1] in _LEVEL_INITIALS:
+        m = _HEADER_RE.match(body)
+        if m is not None:
+            level = m.group(1)
+            if level == "WARN":
+                level = "WARNING"
+            body = body[m.end():]
+    return _new_line(offset, raw, plain, proc, pid, level, body.rstrip())
+
+
+def _tqdm_segment(s: str) -> tuple[str, tuple[str | None, int | None]]:
+    """The last non-blank `\\r` segment; the prefix `_add_prefix` wrote before the first `\\r`
+    belongs to it (vLLM prefixes a write, and tqdm redraws inside one line)."""
+    segs = s.split("\r")
+    index, chosen = _last_segment(segs)
+    if not chosen.isprintable():
+        chosen = _ESCAPE_RE.sub("", chosen)
+    if index == 0:
+        return chosen, (None, None)
+    head = segs[0]
+    if not head.isprintable():
+        head = _ESCAPE_RE.sub("", head)
+    head = _peel_wrappers(head)
+    if head[:1] == "(":
+        proc, pid, pos = _prefixes(head)
+        if pos and not head[pos:].strip():
+            return chosen, (proc, pid)
+    return chosen, (None, None)

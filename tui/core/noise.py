@@ -1,0 +1,146 @@
+"""Noise rules: lines to hide, and known errors that are harmless.
+
+`hide` lines never show unless the raw view is on; `harmless` lines show dimmed with their label
+and are never taken as a root cause. Filtering is a view: nothing is dropped from the run's log.
+Rules match `LogLine.message` (prefix, level, timestamp and source location already removed).
+The profile's rules are evaluated before the built-ins, so a profile can override them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from tui.core.logline import LogLine
+
+NoiseKind = Literal["hide", "harmless"]
+_KINDS = ("hide", "harmless")
+
+
+@dataclass(frozen=True, slots=True)
+class NoiseRule:
+    """A rule; `needle` (optional) is a literal the message must contain, checked before the
+    regex because most lines match no rule and `in` is far cheaper than a regex search."""
+
+    id: str
+    kind: NoiseKind
+    pattern: re.Pattern[str]
+    label: str
+    needle: str = ""
+
+    def matches(self, message: str) -> bool:
+        return (not self.needle or self.needle in message) and (
+            self.pattern.search(message) is not None)
+
+
+def rule_from_pattern(id: str, kind: str, pattern: str | re.Pattern[str],
+                      label: str) -> NoiseRule:
+    """A rule from a profile's `[logs]` entry; raises ValueError (bad kind) or re.error."""
+    if kind not in _KINDS:
+        raise ValueError(f"noise rule kind must be 'hide' or 'harmless', not {kind!r}")
+    compiled = pattern if isinstance(pattern, re.Pattern) else re.compile(pattern)
+    return NoiseRule(id, kind, compiled, label)  # type: ignore[arg-type]
+
+
+def _rule(id: str, kind: NoiseKind, needle: str, pattern: str, label: str) -> NoiseRule:
+    return NoiseRule(id, kind, re.compile(pattern), label, needle)
+
+
+# Only a blank message can match it, so the filter skips it for all others.
+_BLANK_RE = re.compile(r"\A\s*\Z")
+_BLANK = NoiseRule("blank", "hide", _BLANK_RE, "blank line (tqdm leftover)")
+
+
+# Harmless rules come first: a known error must be labelled even if it also says "deprecated".
+# Not an exception line: a real error that happens to say "deprecated" must stay visible.
+_NOT_EXCEPTION = r"^(?![\w.]+(?:Error|Exception)\b)"
+
+_VLLM_RULES: tuple[NoiseRule, ...] = (
+    _rule("triton-kernels-import", "harmless", "Triton kernels",
+          r"Failed to import Triton kernels", "Triton kernels unavailable (harmless)"),
+    _rule("rocm-legacy-triton", "harmless", "legacy triton_kernels",
+          r"Using legacy triton_kernels on ROCm", "legacy triton_kernels on ROCm"),
+    _rule("vllm-c-missing", "harmless", "vllm._C",
+          r"Failed to import from vllm\._C with ModuleNotFoundError",
+          "vllm._C missing (harmless on CPU/plugin platforms; on CUDA a broken build)"),
+    _BLANK,
+    _rule("future-warning", "hide", "Warning:", r"(?:Future|Deprecation)Warning:",
+          "Future/DeprecationWarning (e.g. cuda.cudart, cuda.nvrtc)"),
+    _rule("syntax-warning-escape", "hide", "SyntaxWarning",
+          r"SyntaxWarning: invalid escape sequence", "SyntaxWarning: invalid escape sequence"),
+    _rule("syntax-warning-escape-source", "hide", "\\emoji", r"\\emoji \\emoji",
+          "source line of the invalid-escape SyntaxWarning"),
+    _rule("warnings-warn-source", "hide", "warnings.warn(", r"^\s+warnings\.warn\(",
+          "source line of a Python warning"),
+    _rule("deprecated", "hide", "deprecat", _NOT_EXCEPTION + r".*\bdeprecat(?:ed|ion)\b",
+          "deprecation notice"),
+    _rule("trust-remote-code-ignored", "hide", "trust_remote_code",
+          r"trust_remote_code.*(?:no effect|is ignored)", "trust_remote_code has no effect here"),
+    _rule("platform-detected", "hide", "Automatically detected platform",
+          r"Automatically detected platform", "platform detection"),
+    _rule("mq-handle", "hide", "message queue communication handle",
+          r"message queue communication handle", "message queue handle"),
+    _rule("destroy-process-group", "hide", "destroy_process_group",
+          r"destroy_process_group\(\) was not called", "destroy_process_group() not called"),
+    _rule("model-positional", "hide", "positional argument",
+          r"provide the model as a positional argument", "model given as --model"),
+    _rule("ir-op-priority", "hide", "IR op priority", r"Final IR op priority", "IR op priority"),
+    _rule("cuda-graph-addresses", "hide", "cuda graph addresses",
+          r"Registering \d+ cuda graph addresses", "cuda graph address registration"),
+    _rule("exit-leak-report", "hide", "leaked",
+          r"nanobind: leaked|resource_tracker.*leaked shared_memory", "leak report at exit"),
+)
+
+_SGLANG_RULES: tuple[NoiseRule, ...] = (
+    _BLANK,
+    _rule("gloo-connected", "hide", "[Gloo]", r"\[Gloo\] Rank \d+ is connected to",
+          "Gloo connection"),
+    _rule("custom-allreduce", "harmless", "Custom allreduce",
+          r"Setup Custom allreduce failed", "custom allreduce unavailable (non-fatal)"),
+)
+
+_BUILTIN = {"vllm": _VLLM_RULES, "sglang": _SGLANG_RULES}
+
+
+def builtin_rules(engine: str) -> tuple[NoiseRule, ...]:
+    """The engine's built-in rules; ValueError for an engine we have none for."""
+    try:
+        return _BUILTIN[engine]
+    except KeyError:
+        raise ValueError(f"no noise rules for engine {engine!r}") from None
+
+
+class NoiseFilter:
+    """First matching rule wins; `classify` counts, `match` does not (the root-cause tracker
+    asks again about the few lines that could be a cause)."""
+
+    def __init__(self, rules: Iterable[NoiseRule]) -> None:
+        self.rules: tuple[NoiseRule, ...] = tuple(rules)
+        self._checks = tuple((r.needle, r.pattern.search, r) for r in self.rules
+                             if r.pattern is not _BLANK_RE)
+        self.hidden: dict[str, int] = {}
+        self.harmless: dict[str, int] = {}
+
+    def match(self, line: LogLine) -> NoiseRule | None:
+        msg = line.message
+        if not msg or msg.isspace():
+            return self._blank(msg)
+        for needle, search, rule in self._checks:
+            if needle:
+                if needle in msg and search(msg) is not None:
+                    return rule
+            elif search(msg) is not None:
+                return rule
+        return None
+
+    def _blank(self, msg: str) -> NoiseRule | None:
+        return next((r for r in self.rules if r.matches(msg)), None)
+
+    def classify(self, line: LogLine) -> NoiseRule | None:
+        rule = self.match(line)
+        if rule is not None:
+            counts = self.hidden if rule.kind == "hide" else self.harmless
+            counts[rule.id] = counts.get(rule.id, 0) + 1
+        return rule

@@ -1,0 +1,233 @@
+"""Startup phases of an inference server, recognised from its log lines.
+
+Rules match message text (never `[file.py:line]`, which moves every release) and accept the
+wordings of several vLLM versions (see vllm-reference.md, section 1). Nearly every line matches
+nothing, so rules are bucketed by the message's first character and guarded by a literal needle;
+a regex runs only to extract numbers from a line already known to be a phase line.
+
+A hit may name an earlier phase than the last one (a drafter's second "Resolved architecture",
+"Loading weights took" after the drafter): consumers keep the furthest phase.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tui.core.logline import LogLine
+
+
+@functools.total_ordering
+class Phase(enum.Enum):
+    """Ordered startup phases; `str()` is the human label ("loading weights")."""
+
+    LAUNCH = 1
+    CONFIG = 2
+    WEIGHTS = 3
+    DRAFTER = 4
+    COMPILE = 5
+    KV_CACHE = 6
+    CUDA_GRAPHS = 7
+    API_SERVER = 8
+    READY_LOG = 9
+    SERVING = 10
+
+    @property
+    def label(self) -> str:
+        return _LABELS[self]
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, Phase):
+            return NotImplemented
+        return self.value < other.value
+
+    def __str__(self) -> str:
+        return _LABELS[self]
+
+
+_LABELS = {
+    Phase.LAUNCH: "launching",
+    Phase.CONFIG: "reading config",
+    Phase.WEIGHTS: "loading weights",
+    Phase.DRAFTER: "loading drafter",
+    Phase.COMPILE: "compiling",
+    Phase.KV_CACHE: "allocating KV cache",
+    Phase.CUDA_GRAPHS: "capturing CUDA graphs",
+    Phase.API_SERVER: "starting API server",
+    Phase.READY_LOG: "ready (log)",
+    Phase.SERVING: "serving",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseHit:
+    """A line that places the server in `phase`; progress is 0..1 (1.0: the phase's work is
+    done), shards is (loaded, total) for checkpoint shards."""
+
+    phase: Phase
+    progress: float | None = None
+    shards: tuple[int, int] | None = None
+    detail: str | None = None
+    version: str | None = None
+
+
+_Handler = Callable[[str], "PhaseHit | None"]
+
+
+def _fixed(phase: Phase, progress: float | None = None) -> _Handler:
+    hit = PhaseHit(phase, progress)
+    return lambda _msg: hit
+
+
+def _detail(phase: Phase, pattern: str, progress: float | None = None) -> _Handler:
+    """The first group of `pattern` (or the groups joined) becomes the detail."""
+    search = re.compile(pattern).search
+
+    def handle(msg: str) -> PhaseHit:
+        m = search(msg)
+        detail = (", ".join(g for g in m.groups() if g) or None) if m else None
+        return PhaseHit(phase, progress, None, detail)
+    return handle
+
+
+_TQDM = re.compile(r"(\d+)%.*?(\d+)/(\d+)")
+
+
+def _bar(phase: Phase, with_shards: bool) -> _Handler:
+    """A tqdm bar: progress from `n/total` (or the percentage when the counts are missing)."""
+    def handle(msg: str) -> PhaseHit:
+        m = _TQDM.search(msg)
+        if m is None:
+            return PhaseHit(phase)
+        n, total = int(m.group(2)), int(m.group(3))
+        progress = n / total if total else int(m.group(1)) / 100
+        return PhaseHit(phase, progress, (n, total) if with_shards else None)
+    return handle
+
+
+_BANNER_VERSION = re.compile(r"\bversion\s+(\S+)")
+_BANNER_MODEL = re.compile(r"\bmodel\s+(\S+)")
+_BLOCKS = "▄█▀"
+
+
+def _banner(msg: str) -> PhaseHit | None:
+    """The ASCII-art banner (v0.16+): one line ends `version X`, the next `model   M`."""
+    s = msg.lstrip()
+    if s[:1] not in _BLOCKS or not s:
+        return None
+    v = _BANNER_VERSION.search(s)
+    if v is not None:
+        return PhaseHit(Phase.LAUNCH, version=v.group(1))
+    m = _BANNER_MODEL.search(s)
+    return PhaseHit(Phase.LAUNCH, detail=m.group(1) if m else None)
+
+
+def _version(phase: Phase, pattern: str) -> _Handler:
+    search = re.compile(pattern).search
+
+    def handle(msg: str) -> PhaseHit:
+        m = search(msg)
+        return PhaseHit(phase, version=m.group(1) if m else None)
+    return handle
+
+
+def _graphs(msg: str) -> PhaseHit | None:
+    if "CUDA graph" not in msg and "cudagraph" not in msg:
+        return None
+    return _graphs_bar(msg)
+
+
+_graphs_bar = _bar(Phase.CUDA_GRAPHS, with_shards=False)
+_COMPILE_TOTAL = re.compile(r"(?:took|takes) ([\d.]+ s)")
+
+
+def _compile_total(msg: str) -> PhaseHit:
+    """`torch.compile takes X s in total` (<= v0.11) or `torch.compile and initial profiling run
+    took X s in total` (v0.16+) close the phase; other torch.compile lines are inside it."""
+    m = _COMPILE_TOTAL.search(msg)
+    return PhaseHit(Phase.COMPILE, 1.0, None, m.group(1)) if m else _IN_COMPILE
+
+
+_IN_COMPILE = PhaseHit(Phase.COMPILE)
+
+# (first characters of the message, needle it must contain, handler); first hit wins.
+_RULES: tuple[tuple[str, str, _Handler], ...] = (
+    (" ▄█▀", "", _banner),
+    ("v", "vLLM API server version", _version(Phase.LAUNCH, r"version\s+(\S+)")),
+    ("n", "non-default args", _fixed(Phase.CONFIG)),
+    ("R", "Resolved architecture", _detail(Phase.CONFIG, r"Resolved architecture: (\S+)")),
+    ("U", "Using max model len", _fixed(Phase.CONFIG)),
+    ("C", "Chunked prefill is enabled", _fixed(Phase.CONFIG)),
+    ("I", "LLM engine (v", _version(Phase.CONFIG, r"LLM engine \(v([^)\s]+)\)")),
+    ("w", "world_size=", _fixed(Phase.CONFIG)),
+    ("r", "is assigned as DP rank", _fixed(Phase.CONFIG)),
+    ("S", "Starting to load model", _detail(Phase.WEIGHTS, r"Starting to load model (.+?)\.*$")),
+    ("I", "Initializing model took", _fixed(Phase.WEIGHTS)),
+    ("LM", "shards", _bar(Phase.WEIGHTS, with_shards=True)),
+    ("L", "Loading weights took", _detail(Phase.WEIGHTS, r"took ([\d.]+ s)", 1.0)),
+    ("M", "Model loading took",
+     _detail(Phase.WEIGHTS, r"took ([\d.]+ GiB)(?: memory)? and ([\d.]+) s", 1.0)),
+    ("L", "Loading drafter model", _fixed(Phase.DRAFTER)),
+    ("A", "Assuming the EAGLE head", _fixed(Phase.DRAFTER)),
+    ("D", "Detected EAGLE model", _fixed(Phase.DRAFTER)),
+    ("t", "torch.compile", _compile_total),
+    ("U", "torch.compile", _fixed(Phase.COMPILE)),
+    ("D", "Dynamo bytecode transform", _fixed(Phase.COMPILE)),
+    ("D", "Directly load the compiled graph", _fixed(Phase.COMPILE)),
+    ("C", "Compiling a graph", _fixed(Phase.COMPILE)),
+    ("C", "Cache the graph", _fixed(Phase.COMPILE)),
+    ("W", "Warming up done", _fixed(Phase.COMPILE, 1.0)),
+    ("W", "Warming up model", _fixed(Phase.COMPILE)),
+    ("[", "compiled", _fixed(Phase.COMPILE)),
+    ("[", "warmup run took", _fixed(Phase.COMPILE)),
+    ("A", "Available KV cache memory",
+     _detail(Phase.KV_CACHE, r"Available KV cache memory: (-?[\d.]+ GiB)")),
+    ("GC", "KV cache size", _detail(Phase.KV_CACHE, r"KV cache size: ([\d,]+ tokens)")),
+    ("M", "Maximum concurrency", _fixed(Phase.KV_CACHE)),
+    ("E", "for KV cache", _fixed(Phase.KV_CACHE)),
+    ("#", "GPU blocks", _fixed(Phase.KV_CACHE)),
+    ("i", "init engine", _detail(Phase.KV_CACHE, r"took ([\d.]+) s", 1.0)),
+    ("C", "Capturing", _graphs),
+    ("G", "Graph capturing finished",
+     _detail(Phase.CUDA_GRAPHS, r"finished in (\d+ secs), took ([\d.]+ GiB)", 1.0)),
+    ("S", "Starting vLLM", _detail(Phase.API_SERVER, r"server(?: \d+)? on (\S+)")),
+    ("S", "Supported tasks", _fixed(Phase.API_SERVER)),
+    ("A", "Available routes", _fixed(Phase.API_SERVER)),
+    ("R", "Route: ", _fixed(Phase.API_SERVER)),
+    ("S", "Started server process", _fixed(Phase.API_SERVER)),
+    ("W", "Waiting for application startup", _fixed(Phase.API_SERVER)),
+    ("A", "Application startup complete", _fixed(Phase.READY_LOG)),
+    ("U", "Uvicorn running on", _fixed(Phase.READY_LOG)),
+    ("AE", "Avg prompt throughput", _fixed(Phase.SERVING)),
+    ("S", "SpecDecoding metrics", _fixed(Phase.SERVING)),
+)
+
+
+def _buckets() -> dict[str, tuple[tuple[str, _Handler], ...]]:
+    out: dict[str, list[tuple[str, _Handler]]] = {}
+    for chars, needle, handler in _RULES:
+        for c in chars:
+            out.setdefault(c, []).append((needle, handler))
+    return {c: tuple(rules) for c, rules in out.items()}
+
+
+_VLLM = _buckets()
+_ENGINES = {"vllm": _VLLM}
+
+
+def detect_phase(line: LogLine, engine: str = "vllm") -> PhaseHit | None:
+    """The phase this line announces, or None (the answer for nearly every line)."""
+    msg = line.message
+    # An engine without rules of its own gets vLLM's: uvicorn and tqdm lines are shared.
+    rules = _ENGINES.get(engine, _VLLM).get(msg[:1])
+    if rules is None:
+        return None
+    for needle, handler in rules:
+        if needle in msg:
+            hit = handler(msg)
+            if hit is not None:
+                return hit
+    return None

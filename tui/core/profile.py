@@ -1,0 +1,487 @@
+"""Profiles: one TOML file per server to launch, validated into frozen dataclasses.
+
+A profile is written by hand and read by a tired engineer, so every mistake becomes ONE line
+naming the file, the line when the text shows it, and the key path (`server.speculative.method`,
+`logs.hide[2].pattern`). Validation is a field table per section run by one small generic
+validator, so adding a key is one line, not a new hand-written check.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tui.core.errors import ProfileError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+ENGINES = ("vllm",)
+SPECULATIVE_METHODS = ("eagle3", "eagle", "ngram", "medusa", "mtp", "draft_model", "suffix")
+DRAFTER_METHODS = ("eagle3", "eagle", "medusa", "draft_model")
+SCENARIOS = ("ready", "syntax-error", "oom", "hang", "engine-killed")
+
+
+@dataclass(frozen=True, slots=True)
+class HostConfig:
+    target: str
+    jump: str | None = None
+    python: str | None = None  # None: sys.executable for "local", "python3" elsewhere
+    workdir: str | None = None
+    runs_dir: str = "~/.specconsole/runs"
+    known_hosts: str | None = None  # None: ssh's default ~/.ssh/known_hosts
+    strict_host_keys: bool = True
+    keepalive_interval: float = 5.0
+    keepalive_count_max: int = 3
+    connect_timeout: float = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    method: str
+    model: str | None = None
+    num_speculative_tokens: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # further keys, passed through verbatim
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    engine: str
+    model: str | None = None
+    port: int = 8000
+    listen: str = "0.0.0.0"
+    tensor_parallel_size: int = 1
+    executable: tuple[str, ...] = ("vllm", "serve")
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    secret_env: tuple[str, ...] = ()
+    command: tuple[str, ...] | None = None
+    speculative: SpeculativeConfig | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PreflightConfig:
+    enabled: bool = True
+    compile: bool = True
+    compile_files: tuple[str, ...] = ()
+    engine_package: bool = True
+    gpus_free: bool = True
+    port_free: bool = True
+    paths_exist: bool = True
+    spec_consistent: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class LogRule:
+    pattern: re.Pattern[str]
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class LogsConfig:
+    hide: tuple[LogRule, ...] = ()
+    harmless: tuple[LogRule, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectConfig:
+    load_time: float = 1800.0
+    stall_timeout: float = 600.0
+    ready_timeout: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SimulateConfig:
+    scenario: str = "ready"
+    time_scale: float = 60.0
+    gpus: int = 8
+    gpu_state: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    path: str
+    name: str  # the file stem: what runs are named after
+    host: HostConfig
+    server: ServerConfig
+    preflight: PreflightConfig = field(default_factory=PreflightConfig)
+    logs: LogsConfig = field(default_factory=LogsConfig)
+    expect: ExpectConfig = field(default_factory=ExpectConfig)
+    simulate: SimulateConfig | None = None
+
+    @property
+    def key(self) -> str:
+        """Identifies the live run of this profile on its host (`demo@local`)."""
+        return f"{self.name}@{self.host.target}"
+
+
+def parse_duration(value: str | float) -> float:
+    """Seconds from "25m", "1h30m", "90s", "1.5h", "90" or a number; ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"expected a duration, got {_describe(value)}")
+    if isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        try:
+            seconds = float(text)
+        except ValueError:
+            match = _DURATION.fullmatch(text)
+            if not text or match is None:
+                raise ValueError(
+                    f"invalid duration {value!r} (use e.g. \"25m\", \"1h30m\", \"90s\" or seconds)"
+                ) from None
+            hours, minutes, secs = (float(g) if g else 0.0 for g in match.groups())
+            seconds = hours * 3600 + minutes * 60 + secs
+    else:
+        seconds = float(value)
+    if not math.isfinite(seconds):
+        raise ValueError(f"invalid duration {value!r}: not a finite number")
+    return seconds
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read and validate a profile file; every failure is a one-line ProfileError."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except OSError as e:
+        raise ProfileError(str(path), f"cannot read profile: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ProfileError(str(path), f"not UTF-8 text (byte {e.start})") from None
+    return loads_profile(text, path)
+
+
+def loads_profile(text: str, path: str | Path) -> Profile:
+    """Validate profile text; `path` names the file in errors and gives the profile its name."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise _syntax_error(str(path), text, str(e)) from None
+    try:
+        values = _check_table(data, _TOP, required=("host", "server"))
+        if "simulate" in values and values["server"].model is None:
+            raise _Invalid("missing required key 'model' (the simulated engine needs one)",
+                           ".server.model")
+    except _Invalid as e:
+        key = e.sub.lstrip(".")
+        shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in key)  # stays one line
+        raise ProfileError(str(path), e.message, key=shown, line=_find_line(text, key)) from None
+    return Profile(path=str(path), name=Path(path).stem, **values)
+
+
+# --- the generic validator --------------------------------------------------------------------
+
+class _Invalid(Exception):
+    """A bad value; `sub` is the key path below the table being checked (".port", "[2].label")."""
+
+    def __init__(self, message: str, sub: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.sub = sub
+
+
+Check = Callable[[Any], Any]
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a float", str: "a string",
+               list: "an array", dict: "a table"}
+
+
+def _describe(value: Any) -> str:
+    kind = _TYPE_NAMES.get(type(value), "a date/time")
+    if isinstance(value, bool):
+        return f"{kind} ({str(value).lower()})"
+    if isinstance(value, (int, float, str)):
+        shown = repr(value)
+        return f"{kind} ({shown if len(shown) <= 40 else shown[:37] + '...'})"
+    return kind
+
+
+def _suggest(word: str, choices: Any) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _typed(types: tuple[type, ...], name: str) -> Check:
+    def check(value: Any) -> Any:
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+            raise _Invalid(f"expected {name}, got {_describe(value)}")
+        return value
+    return check
+
+
+_str = _typed((str,), "a string")
+_int = _typed((int,), "an integer")
+_number = _typed((int, float), "a number")
+_bool = _typed((bool,), "a boolean (true or false)")
+
+
+def _float(value: Any) -> float:
+    number = float(_number(value))
+    if not math.isfinite(number):
+        raise _Invalid(f"expected a finite number, got {value}")
+    return number
+
+
+def _bounded(check: Check, low: float, high: float | None = None, strict: bool = False) -> Check:
+    def bounded(value: Any) -> Any:
+        value = check(value)
+        if (value <= low if strict else value < low) or (high is not None and value > high):
+            wanted = (f"between {low} and {high}" if high is not None
+                      else f"{'>' if strict else '>='} {low}")
+            raise _Invalid(f"must be {wanted}, got {value}")
+        return value
+    return bounded
+
+
+def _one_of(choices: tuple[str, ...]) -> Check:
+    def check(value: Any) -> str:
+        if _str(value) not in choices:
+            raise _Invalid(f"unknown value {value!r}{_suggest(value, choices)}; "
+                           f"expected one of: {', '.join(choices)}")
+        return value
+    return check
+
+
+def _list(item: Check, nonempty: bool = False) -> Check:
+    def check(value: Any) -> tuple[Any, ...]:
+        if not isinstance(value, list):
+            raise _Invalid(f"expected an array, got {_describe(value)}")
+        if nonempty and not value:
+            raise _Invalid("must not be empty")
+        out = []
+        for index, element in enumerate(value):
+            try:
+                out.append(item(element))
+            except _Invalid as e:
+                raise _Invalid(e.message, f"[{index}]{e.sub}") from None
+        return tuple(out)
+    return check
+
+
+def _env_name(value: Any) -> str:
+    if not _ENV_NAME.fullmatch(_str(value)):
+        raise _Invalid(f"{value!r} is not an environment variable name")
+    return value
+
+
+def _env(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise _Invalid(f"expected a table of NAME = \"value\", got {_describe(value)}")
+    for name, text in value.items():
+        try:
+            _env_name(name)
+            _str(text)
+        except _Invalid as e:
+            raise _Invalid(e.message, f".{name}") from None
+    return dict(value)
+
+
+def _duration(value: Any) -> float:
+    try:
+        seconds = parse_duration(value)
+    except ValueError as e:
+        raise _Invalid(str(e)) from None
+    if seconds <= 0:
+        raise _Invalid(f"must be > 0, got {value!r}")
+    return seconds
+
+
+def _regex(value: Any) -> re.Pattern[str]:
+    try:
+        return re.compile(_str(value))
+    except re.error as e:
+        raise _Invalid(f"invalid regex {value!r}: {e}") from None
+
+
+def _json_value(value: Any) -> Any:
+    try:
+        json.dumps(value)
+    except TypeError:
+        raise _Invalid(f"{_describe(value)} cannot be passed to the engine as JSON") from None
+    return value
+
+
+def _check_table(data: Any, table: Mapping[str, Check], required: tuple[str, ...] = (),
+                 extra: Check | None = None) -> dict[str, Any]:
+    """Check each key of `data` against `table`; absent keys keep the dataclass default.
+
+    Keys not in the table are refused with the closest valid key, or, when `extra` is given,
+    checked by it and collected under "extra" (pass-through keys).
+    """
+    if not isinstance(data, dict):
+        raise _Invalid(f"expected a table, got {_describe(data)}")
+    values: dict[str, Any] = {}
+    passed: dict[str, Any] = {}
+    for key, value in data.items():
+        check = table.get(key, extra)
+        if check is None:
+            kind = "table" if isinstance(value, dict) else "key"
+            hint = _suggest(key, table) or f"; valid keys: {', '.join(table)}"
+            raise _Invalid(f"unknown {kind} {key!r}{hint}", f".{key}")
+        try:
+            (values if key in table else passed)[key] = check(value)
+        except _Invalid as e:
+            raise _Invalid(e.message, f".{key}{e.sub}") from None
+    for key in required:
+        if key not in values:
+            raise _Invalid(f"missing required key {key!r}", f".{key}")
+    if extra is not None:
+        values["extra"] = passed
+    return values
+
+
+def _section(cls: type, table: Mapping[str, Check], required: tuple[str, ...] = (),
+             extra: Check | None = None,
+             post: Callable[[dict[str, Any]], None] | None = None) -> Check:
+    def check(value: Any) -> Any:
+        values = _check_table(value, table, required, extra)
+        if post is not None:
+            post(values)
+        return cls(**values)
+    return check
+
+
+def _rule(value: Any) -> LogRule:
+    if isinstance(value, str):
+        return LogRule(_regex(value), value)
+    values = _check_table(value, {"pattern": _regex, "label": _str}, required=("pattern",))
+    return LogRule(values["pattern"], values.get("label") or values["pattern"].pattern)
+
+
+def _check_server(values: dict[str, Any]) -> None:
+    if values.get("model") is None and values.get("command") is None:
+        raise _Invalid("missing required key 'model' (needed unless `command` is given)", ".model")
+
+
+def _check_speculative(values: dict[str, Any]) -> None:
+    if values["method"] in DRAFTER_METHODS and values.get("model") is None:
+        raise _Invalid(f"method {values['method']!r} needs the drafter's `model` "
+                       "(a path or Hugging Face id)", ".model")
+
+
+_POSITIVE = _bounded(_float, 0, strict=True)
+_HOST = {
+    "target": _str, "jump": _str, "python": _str, "workdir": _str, "runs_dir": _str,
+    "known_hosts": _str, "strict_host_keys": _bool, "keepalive_interval": _POSITIVE,
+    "keepalive_count_max": _bounded(_int, 1), "connect_timeout": _POSITIVE,
+}
+_SPECULATIVE = {
+    "method": _one_of(SPECULATIVE_METHODS), "model": _str,
+    "num_speculative_tokens": _bounded(_int, 1),
+}
+_SERVER = {
+    "engine": _one_of(ENGINES),
+    "model": _str,
+    "port": _bounded(_int, 1, 65535),
+    "listen": _str,
+    "tensor_parallel_size": _bounded(_int, 1),
+    "executable": _list(_str, nonempty=True),
+    "args": _list(_str),
+    "env": _env,
+    "secret_env": _list(_env_name),
+    "command": _list(_str, nonempty=True),
+    "speculative": _section(SpeculativeConfig, _SPECULATIVE, ("method",), extra=_json_value,
+                            post=_check_speculative),
+}
+_PREFLIGHT = {name: _bool for name in (
+    "enabled", "compile", "engine_package", "gpus_free", "port_free", "paths_exist",
+    "spec_consistent")} | {"compile_files": _list(_str)}
+_LOGS = {"hide": _list(_rule), "harmless": _list(_rule)}
+_EXPECT = {"load_time": _duration, "stall_timeout": _duration, "ready_timeout": _duration}
+_SIMULATE = {
+    "scenario": _one_of(SCENARIOS), "time_scale": _POSITIVE, "gpus": _bounded(_int, 1),
+    "gpu_state": _str,
+}
+_TOP = {
+    "host": _section(HostConfig, _HOST, ("target",)),
+    "server": _section(ServerConfig, _SERVER, ("engine",), post=_check_server),
+    "preflight": _section(PreflightConfig, _PREFLIGHT),
+    "logs": _section(LogsConfig, _LOGS),
+    "expect": _section(ExpectConfig, _EXPECT),
+    "simulate": _section(SimulateConfig, _SIMULATE),
+}
+
+
+# --- where in the text: line numbers by scanning ----------------------------------------------
+
+_HEADER = re.compile(r"\s*(\[\[?)\s*([^\[\]]+?)\s*\]")
+_KEY = re.compile(r"\s*([A-Za-z0-9_\-.\"' ]+?)\s*=(.*)")
+_ITEM = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'[^']*'|\{[^{}]*\}")
+_LAST_PART = re.compile(r"(?:^|\.)[^.\[\]]+$|\[\d+\]$")
+_AT = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)$")
+
+
+def _syntax_error(path: str, text: str, message: str) -> ProfileError:
+    """tomllib says "(at line L, column C)" or "(at end of document)"; keep both as numbers."""
+    at = _AT.search(message)
+    line = column = None
+    if at is not None:
+        message = message[:at.start()]
+        if at.group(1):
+            line, column = int(at.group(1)), int(at.group(2))
+        else:
+            lines = text.splitlines() or [""]
+            line, column = len(lines), len(lines[-1]) + 1
+    return ProfileError(path, f"TOML syntax error: {message}", line=line, column=column)
+
+
+def _dotted(key: str) -> str:
+    return ".".join(part.strip().strip("\"'") for part in key.split("."))
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """Map key paths ("server.port", "logs.hide[1]") to the line that first defines them.
+
+    A heuristic over the text: headers, `key = value` lines, `[[array]]` tables and the items of
+    a multi-line array written one string or inline table at a time. Good enough to point at a
+    line; when it cannot, the caller falls back to the enclosing key.
+    """
+    found: dict[str, int] = {}
+    table = ""
+    counts: dict[str, int] = {}
+    array: tuple[str, int] | None = None  # (path, next item index) inside a multi-line array
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if array is not None:
+            if stripped.startswith("]"):
+                array = None
+            elif not stripped.startswith("#"):
+                path, index = array
+                for _ in _ITEM.findall(line):
+                    found.setdefault(f"{path}[{index}]", number)
+                    index += 1
+                array = (path, index)
+            continue
+        header = _HEADER.match(line)
+        if header is not None:
+            table = _dotted(header.group(2))
+            if header.group(1) == "[[":
+                counts[table] = counts.get(table, -1) + 1
+                table = f"{table}[{counts[table]}]"
+            found.setdefault(table, number)
+            continue
+        key = _KEY.match(line)
+        if key is not None:
+            path = f"{table}.{_dotted(key.group(1))}" if table else _dotted(key.group(1))
+            found.setdefault(path, number)
+            if re.fullmatch(r"\s*\[\s*(#.*)?", key.group(2)):
+                array = (path, 0)
+    return found
+
+
+def _find_line(text: str, key: str) -> int | None:
+    """The line of `key`, or of the nearest enclosing key or table the text shows."""
+    lines = _key_lines(text)
+    while key in lines or _LAST_PART.search(key):
+        if key in lines:
+            return lines[key]
+        key = _LAST_PART.sub("", key)
+    return None

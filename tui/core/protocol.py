@@ -1,0 +1,251 @@
+"""The agent's wire protocol: versioned JSON lines decoded into typed events.
+
+The agent (tui/agent/remote_agent.py) cannot import this module — it stands alone on the GPU
+host — so the version number and message shapes are repeated there; `PROTOCOL_VERSION` must match.
+Decoding never raises on a field the agent could not fill: missing values become None.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from tui.core.errors import AgentError
+
+PROTOCOL_VERSION = 1
+
+# The bootstrap reads the agent's code from stdin, then leaves stdin to the agent (spec line,
+# then EOF to stop), so secrets travel in the spec on stdin and never on a command line.
+AGENT_BOOTSTRAP = (
+    "import sys;n=int(sys.stdin.buffer.readline());"
+    "exec(compile(sys.stdin.buffer.read(n),'remote_agent.py','exec'),{'__name__':'__main__'})"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    agent: str
+    python: str
+    psutil: str | None
+    pynvml: str | None
+    nvml_ok: bool
+    nvml_error: str | None
+    gpu_count: int
+    host: str
+    pidfd: bool
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProcInfo:
+    pid: int
+    ppid: int | None
+    name: str
+    cmd: str
+    state: str | None
+    cpu: float | None
+    rss: int | None
+    started: float | None
+    alive: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Procs:
+    time: float
+    procs: tuple[ProcInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProc:
+    pid: int
+    mem: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    index: int
+    name: str
+    mem_used: int | None
+    mem_total: int | None
+    util: int | None
+    procs: tuple[GpuProc, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Gpus:
+    time: float
+    gpus: tuple[GpuInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LogChunk:
+    off: int
+    end: int
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ProcExit:
+    pid: int
+    name: str
+    code: int | None
+    signal: int | None
+    time: float
+    top: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunExit:
+    pid: int | None
+    code: int | None
+    signal: int | None
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    ok: bool
+    path: str
+    status: int | None
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class AgentFault:
+    kind: str
+    message: str
+    module: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Launched:
+    run_id: str
+    run_dir: str
+    pid: int
+    pgid: int
+    log: str
+
+
+@dataclass(frozen=True, slots=True)
+class KillStep:
+    step: str
+    pids: tuple[int, ...]
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class Killed:
+    remaining: tuple[int, ...]
+    gpu_released: bool | None
+    gpu_holders: tuple[dict[str, Any], ...]
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    run_id: str
+    profile_key: str
+    run_dir: str
+    started: float | None
+    pid: int | None
+    alive: bool
+    exit: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Runs:
+    runs: tuple[RunRecord, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    check: str
+    ok: bool
+    severity: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Preflight:
+    checks: tuple[Check, ...] = field(default_factory=tuple)
+
+
+AgentEvent = (Hello | Procs | Gpus | LogChunk | ProcExit | RunExit | Health | AgentFault | Launched
+              | KillStep | Killed | Runs | Preflight)
+
+
+def _proc(d: dict[str, Any]) -> ProcInfo:
+    return ProcInfo(pid=int(d["pid"]), ppid=d.get("ppid"), name=str(d.get("name") or "?"),
+                    cmd=str(d.get("cmd") or ""), state=d.get("state"), cpu=d.get("cpu"),
+                    rss=d.get("rss"), started=d.get("started"), alive=bool(d.get("alive", True)))
+
+
+def _gpu(d: dict[str, Any]) -> GpuInfo:
+    return GpuInfo(index=int(d["index"]), name=str(d.get("name") or "GPU"),
+                   mem_used=d.get("mem_used"), mem_total=d.get("mem_total"), util=d.get("util"),
+                   procs=tuple(GpuProc(int(p["pid"]), p.get("mem")) for p in d.get("procs") or ()))
+
+
+def _hello(d: dict[str, Any]) -> Hello:
+    nvml = d.get("nvml") or {}
+    return Hello(agent=str(d.get("agent", "?")), python=str(d.get("python", "?")),
+                 psutil=d.get("psutil"), pynvml=d.get("pynvml"), nvml_ok=bool(nvml.get("ok")),
+                 nvml_error=nvml.get("error"), gpu_count=int(d.get("gpu_count") or 0),
+                 host=str(d.get("host", "?")), pidfd=bool(d.get("pidfd")),
+                 time=float(d.get("time", 0.0)))
+
+
+def _run(d: dict[str, Any]) -> RunRecord:
+    return RunRecord(run_id=str(d["run_id"]), profile_key=str(d.get("profile_key", "")),
+                     run_dir=str(d["run_dir"]), started=d.get("started"), pid=d.get("pid"),
+                     alive=bool(d.get("alive")), exit=d.get("exit"))
+
+
+_DECODERS: dict[str, Any] = {
+    "hello": _hello,
+    "procs": lambda d: Procs(float(d["time"]), tuple(_proc(p) for p in d.get("procs") or ())),
+    "gpus": lambda d: Gpus(float(d["time"]), tuple(_gpu(g) for g in d.get("gpus") or ())),
+    "log": lambda d: LogChunk(int(d["off"]), int(d["end"]), tuple(d.get("lines") or ())),
+    "exit": lambda d: ProcExit(int(d["pid"]), str(d.get("name") or "?"), d.get("code"),
+                               d.get("signal"), float(d["time"]), bool(d.get("top"))),
+    "run_exit": lambda d: RunExit(d.get("pid"), d.get("code"), d.get("signal"),
+                                  float(d.get("time") or 0.0)),
+    "health": lambda d: Health(bool(d["ok"]), str(d.get("path", "")), d.get("status"),
+                               float(d["time"])),
+    "error": lambda d: AgentFault(str(d.get("kind", "error")), str(d.get("message", "")),
+                                  d.get("module")),
+    "launched": lambda d: Launched(str(d["run_id"]), str(d["run_dir"]), int(d["pid"]),
+                                   int(d["pgid"]), str(d["log"])),
+    "kill_step": lambda d: KillStep(str(d["step"]), tuple(d.get("pids") or ()),
+                                    float(d["time"])),
+    "killed": lambda d: Killed(tuple(d.get("remaining") or ()), d.get("gpu_released"),
+                               tuple(d.get("gpu_holders") or ()), float(d["time"])),
+    "runs": lambda d: Runs(tuple(_run(r) for r in d.get("runs") or ())),
+    "preflight": lambda d: Preflight(tuple(
+        Check(str(c["check"]), bool(c["ok"]), str(c.get("severity", "error")),
+              str(c.get("message", ""))) for c in d.get("checks") or ())),
+}
+
+
+def decode(line: bytes | str, host: str = "agent") -> AgentEvent:
+    """Decode one JSON line from the agent; a broken or foreign line is an AgentError."""
+    try:
+        data = json.loads(line)
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+        version = data.get("v")
+        if version != PROTOCOL_VERSION:
+            raise AgentError(host, f"agent speaks protocol {version}, this console speaks "
+                                   f"{PROTOCOL_VERSION}; reinstall specconsole on both ends")
+        return _DECODERS[data["t"]](data)
+    except AgentError:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:
+        text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+        raise AgentError(host, f"unreadable agent message ({exc!s}): {text[:120]!r}") from None
+
+
+def agent_stdin(code: bytes, spec: dict[str, Any]) -> bytes:
+    """The bytes that feed AGENT_BOOTSTRAP: length line, code, then the spec as one JSON line."""
+    return b"%d\n" % len(code) + code + json.dumps(spec).encode() + b"\n"

@@ -1,0 +1,202 @@
+"""Root cause: the first real exception of the first process that died.
+
+Every process of a vLLM run writes to one log, tracebacks interleaved and each line carrying its
+process prefix (or none: some tracebacks are printed raw). The tracker assembles a traceback per
+process, records the first exception of each that is not a known symptom ("Engine core
+initialization failed ... See root cause above" only points elsewhere) nor noise, and answers
+with the candidate of the process reported dead first, or before any death the first candidate.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from tui.core.logline import LogLine
+from tui.core.noise import NoiseFilter
+
+
+@dataclass(frozen=True, slots=True)
+class RootCause:
+    """`line` is the exception line (a SyntaxError carries its file and line); `traceback` the
+    assembled traceback for display; `symptoms` every distinct symptom seen so far."""
+
+    line: str
+    process: str | None
+    pid: int | None
+    offset: int
+    symptoms: tuple[str, ...] = ()
+    traceback: tuple[str, ...] = ()
+
+
+# Lines that report a failure somewhere else: never the cause (vllm-reference.md section 2).
+_SYMPTOM_RE = re.compile(
+    r"Engine core initialization failed|Frontend process failed during engine core init"
+    r"|EngineCore failed to start|WorkerProc failed to start|WorkerProc initialization failed"
+    r"|died unexpectedly|EngineCore encountered (?:a fatal error|an issue)|EngineDeadError"
+    r"|Parent process exited, terminating worker|Received sigquit from a child process"
+    r"|[Ee]ngine core (?:proc \S+ )?exited unexpectedly|See root cause above"
+)
+# Exceptions a signal or a shutdown raises: consequences, neither cause nor symptom.
+_CONSEQUENCE_RE = re.compile(r"(?:KeyboardInterrupt|SystemExit|CancelledError)\b")
+# The last line of a traceback: `pkg.mod.Name: message`, `Name:` or a bare `Name`.
+_EXCEPTION_RE = re.compile(r"([A-Za-z_][\w.]*)(?::(?: .*)?)?$")
+# An exception named inside an ERROR record that has no traceback.
+_ERROR_EXCEPTION_RE = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b|\bError: |\[Errno \d+\]")
+_FRAME_RE = re.compile(r'\s*File "([^"]+)", line (\d+)')
+_HAS_LOCATION_RE = re.compile(r"\(\S.*, line \d+\)$")
+_SYNTAX_ERRORS = ("SyntaxError", "IndentationError", "TabError")
+_PROCESS_HEADER_RE = re.compile(r"Process (\S+):$")
+_TB_START = "(most recent call last):"
+_CHAINING = ("During handling of the above exception", "The above exception was the direct cause")
+
+_IN_FRAMES, _AFTER_EXCEPTION = 0, 1
+
+
+class _Trace:
+    """A traceback being assembled for one process."""
+
+    __slots__ = ("candidate", "last_frame", "lines", "pid", "proc", "state")
+
+    def __init__(self, proc: str | None, pid: int | None, first: str) -> None:
+        self.proc = proc
+        self.pid = pid
+        self.lines = [first]
+        self.state = _IN_FRAMES
+        self.last_frame: tuple[str, str] | None = None
+        self.candidate: _Candidate | None = None
+
+
+class _Candidate:
+    __slots__ = ("line", "offset", "pid", "proc", "trace")
+
+    def __init__(self, line: str, proc: str | None, pid: int | None, offset: int,
+                 trace: list[str]) -> None:
+        self.line, self.proc, self.pid, self.offset, self.trace = line, proc, pid, offset, trace
+
+
+class RootCauseTracker:
+    """Feed every line; `note_death` the processes as they die; ask `cause()` at any time.
+
+    The answer is computed when asked, so a death reported before its traceback arrives (the
+    agent's pidfd is faster than the log tail) still gets the right cause.
+    """
+
+    def __init__(self, noise: NoiseFilter | None = None) -> None:
+        self._noise = noise
+        self._open: dict[object, _Trace] = {}
+        self._candidates: list[_Candidate] = []
+        self._symptoms: dict[str, None] = {}
+        self._death: tuple[int, str] | None = None
+        self._process_header: str | None = None
+        self.last_symptom_offset = -1
+        self.last_exception_offset = -1
+
+    @property
+    def symptoms(self) -> tuple[str, ...]:
+        return tuple(self._symptoms)
+
+    def note_death(self, pid: int, name: str) -> None:
+        """Only the first death counts: later ones are consequences."""
+        if self._death is None:
+            self._death = (pid, name)
+
+    def cause(self) -> RootCause | None:
+        cands = self._candidates
+        if not cands:
+            return None
+        chosen = cands[0]
+        if self._death is not None:
+            pid, name = self._death
+            short = name.removeprefix("VLLM::")
+            chosen = next((c for c in cands if c.pid == pid), None) or next(
+                (c for c in cands if c.proc is not None and c.proc == short), cands[0])
+        return RootCause(chosen.line, chosen.proc, chosen.pid, chosen.offset, self.symptoms,
+                         tuple(chosen.trace))
+
+    def feed(self, line: LogLine) -> None:
+        msg = line.message
+        key = line.pid if line.pid is not None else line.proc
+        if self._open:
+            trace = self._open.get(key)
+            if trace is not None and self._continue(trace, line, msg, key):
+                return
+        if msg.endswith(_TB_START):
+            self._start(key, line, msg)
+            return
+        level = line.level
+        if level == "ERROR" or level == "CRITICAL":
+            if not self._symptom(line, msg) and _ERROR_EXCEPTION_RE.search(msg) is not None:
+                self._candidate(line, msg.strip(), [msg])
+        elif level == "WARNING" or "xited" in msg or "died" in msg or "sigquit" in msg:
+            self._symptom(line, msg)
+        elif key is None:
+            # multiprocessing prints `Process EngineCore_DP0:` above a raw traceback: its name.
+            m = _PROCESS_HEADER_RE.match(msg) if msg.startswith("Process ") else None
+            self._process_header = m.group(1) if m else None
+
+    # -- tracebacks -------------------------------------------------------------------------
+
+    def _start(self, key: object, line: LogLine, msg: str) -> None:
+        proc = line.proc
+        if proc is None and self._process_header is not None:
+            proc, self._process_header = self._process_header, None
+        self._open[key] = _Trace(proc, line.pid, msg)
+
+    def _continue(self, trace: _Trace, line: LogLine, msg: str, key: object) -> bool:
+        """Absorb `line` into the open traceback; False when the traceback has ended."""
+        if trace.state == _IN_FRAMES:
+            if not msg or msg[0] == " ":
+                trace.lines.append(msg)
+                if msg.lstrip().startswith('File "'):
+                    m = _FRAME_RE.match(msg)
+                    if m is not None:
+                        trace.last_frame = (m.group(1), m.group(2))
+                return True
+            if _EXCEPTION_RE.match(msg) is not None:
+                trace.lines.append(msg)
+                trace.state = _AFTER_EXCEPTION
+                self._exception(trace, line, msg)
+                return True
+        else:
+            if not msg or msg[0] == " " or msg.startswith(_CHAINING):
+                trace.lines.append(msg)
+                return True
+            if msg.endswith(_TB_START):
+                trace.lines.append(msg)
+                trace.state = _IN_FRAMES
+                trace.last_frame = None
+                return True
+        del self._open[key]
+        return False
+
+    def _exception(self, trace: _Trace, line: LogLine, msg: str) -> None:
+        if trace.candidate is not None or self._symptom(line, msg):
+            return
+        if _CONSEQUENCE_RE.match(msg) is not None:
+            return
+        text = msg.strip()
+        name = text.split(":", 1)[0]
+        if (name.endswith(_SYNTAX_ERRORS) and trace.last_frame is not None
+                and _HAS_LOCATION_RE.search(text) is None):
+            text = f"{text} ({trace.last_frame[0]}, line {trace.last_frame[1]})"
+        trace.candidate = self._candidate(line, text, trace.lines, trace.proc, trace.pid)
+
+    # -- candidates and symptoms ------------------------------------------------------------
+
+    def _candidate(self, line: LogLine, text: str, trace: list[str], proc: str | None = None,
+                   pid: int | None = None) -> _Candidate | None:
+        if self._noise is not None and self._noise.match(line) is not None:
+            return None
+        cand = _Candidate(text, proc if proc is not None else line.proc,
+                          pid if pid is not None else line.pid, line.offset, trace)
+        self._candidates.append(cand)
+        self.last_exception_offset = line.offset
+        return cand
+
+    def _symptom(self, line: LogLine, msg: str) -> bool:
+        if _SYMPTOM_RE.search(msg) is None:
+            return False
+        self._symptoms[msg.strip()] = None
+        self.last_symptom_offset = line.offset
+        return True

@@ -1,0 +1,313 @@
+"""The launch state machine: agent facts in, domain events out.
+
+PENDING → PREFLIGHT → STARTING → LOADING(phase, progress) → READY; from any live state DEAD(cause),
+STALLED (nothing in the log and no GPU memory change for longer than the profile allows) and
+KILLING → STOPPED. The death of ANY server process is a death, whatever the top process's exit
+code: a real vLLM exits 0 after its engine core was killed.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from tui.core.logline import LogLine, parse_line
+from tui.core.noise import NoiseFilter, NoiseRule
+from tui.core.phases import Phase, PhaseHit, detect_phase
+from tui.core.protocol import Gpus, Health, ProcExit, ProcInfo, Procs, RunExit
+from tui.core.rootcause import RootCause, RootCauseTracker
+from tui.core.timeline import Timeline
+
+
+class State(enum.Enum):
+    PENDING = "pending"
+    PREFLIGHT = "preflight"
+    STARTING = "starting"
+    LOADING = "loading"
+    READY = "ready"
+    DEAD = "dead"
+    STALLED = "stalled"
+    KILLING = "killing"
+    STOPPED = "stopped"
+
+    @property
+    def live(self) -> bool:
+        return self in _LIVE
+
+
+_LIVE = {State.PREFLIGHT, State.STARTING, State.LOADING, State.READY, State.STALLED}
+
+# Processes whose death is the server's death. Helpers (model inspection, compilers, the
+# multiprocessing resource tracker) come and go; only a failing one counts.
+_SERVER_ROLE = re.compile(
+    r"^(APIServer|EngineCore|VllmWorker|Worker|RayWorkerWrapper|mp-spawn|vllm|sglang|Scheduler)",
+)
+# Heartbeats of a hang: lines that must not count as progress.
+_HANG_HEARTBEAT = "No available shared memory broadcast block found"
+
+
+@dataclass(frozen=True, slots=True)
+class StateChanged:
+    state: State
+    previous: State
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseChanged:
+    phase: Phase
+    at: float
+    since_launch: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressChanged:
+    phase: Phase
+    progress: float | None
+    shards: tuple[int, int] | None
+
+
+@dataclass(frozen=True, slots=True)
+class LineAdded:
+    line: LogLine
+    rule: NoiseRule | None
+
+
+@dataclass(frozen=True, slots=True)
+class Death:
+    """Who died first, how, when, in which phase, and the best root cause known so far."""
+
+    pid: int
+    process: str
+    code: int | None
+    signal: int | None
+    at: float
+    since_launch: float
+    phase: Phase | None
+    cause: RootCause | None
+
+    def summary(self) -> str:
+        how = (f"signal {self.signal}" if self.signal is not None
+               else f"exit code {self.code}" if self.code is not None else "exit code unknown")
+        return f"{self.process} (pid {self.pid}) died, {how}, {self.since_launch:.1f}s after launch"
+
+
+@dataclass(frozen=True, slots=True)
+class Died:
+    death: Death
+
+
+@dataclass(frozen=True, slots=True)
+class CauseUpdated:
+    """Log lines that arrived after the death sharpened the root cause."""
+
+    death: Death
+
+
+@dataclass(frozen=True, slots=True)
+class Stalled:
+    quiet_s: float
+    frozen_gpus: tuple[int, ...]
+    at: float
+
+    def summary(self) -> str:
+        gpus = (f"GPU memory frozen on {', '.join(map(str, self.frozen_gpus))}"
+                if self.frozen_gpus else "no GPU memory change")
+        return f"no log line for {self.quiet_s:.0f}s, {gpus}"
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    at: float
+    took: float
+
+
+@dataclass(frozen=True, slots=True)
+class HelperExited:
+    """A helper process (not a server role) exited with a failure; shown, not a death."""
+
+    exit: ProcExit
+
+
+DomainEvent = (StateChanged | PhaseChanged | ProgressChanged | LineAdded | Died | CauseUpdated
+               | Stalled | Ready | HelperExited)
+
+
+@dataclass(slots=True)
+class _GpuTrack:
+    used: int | None = None
+    changed_at: float = 0.0
+
+
+@dataclass
+class LaunchMachine:
+    """Feeds on agent events and returns the domain events they cause; owns no I/O."""
+
+    engine: str = "vllm"
+    noise: NoiseFilter = field(default_factory=lambda: NoiseFilter([]))
+    stall_timeout_s: float = 600.0
+    expected_load_s: float | None = None
+    state: State = State.PENDING
+    launched_at: float | None = None
+    timeline: Timeline | None = None
+    death: Death | None = None
+    stall: Stalled | None = None
+    ready_at: float | None = None
+    engine_version: str | None = None
+    procs: dict[int, ProcInfo] = field(default_factory=dict)
+    exits: dict[int, ProcExit] = field(default_factory=dict)
+    top_pid: int | None = None
+    last_line_at: float | None = None
+    log_ready_seen: bool = False
+    _gpus: dict[int, _GpuTrack] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.tracker = RootCauseTracker(self.noise)
+
+    # -- transitions driven by the supervisor ------------------------------------------------
+
+    def _to(self, state: State, at: float) -> list[DomainEvent]:
+        if state is self.state:
+            return []
+        previous, self.state = self.state, state
+        return [StateChanged(state, previous, at)]
+
+    def preflight(self, at: float) -> list[DomainEvent]:
+        return self._to(State.PREFLIGHT, at)
+
+    def started(self, top_pid: int, launched_at: float, at: float) -> list[DomainEvent]:
+        """The launcher started (or we attached to) the run whose top process is `top_pid`."""
+        self.top_pid = top_pid
+        self.launched_at = launched_at
+        self.last_line_at = at
+        self.timeline = Timeline(launched_at, self.expected_load_s)
+        return self._to(State.STARTING, at)
+
+    def killing(self, at: float) -> list[DomainEvent]:
+        return self._to(State.KILLING, at) if self.state is not State.STOPPED else []
+
+    def stopped(self, at: float) -> list[DomainEvent]:
+        if self.timeline is not None and self.timeline.finished_at is None:
+            self.timeline.finish(at, failed=False)
+        return self._to(State.STOPPED, at)
+
+    # -- facts from the agent ----------------------------------------------------------------
+
+    def feed_lines(self, lines: Iterable[tuple[int, str]], at: float) -> list[DomainEvent]:
+        """Classify each (byte offset, raw line): noise, phase, root cause."""
+        events: list[DomainEvent] = []
+        cause_before = self.tracker.cause() if self.death is not None else None
+        progressed = False
+        for offset, raw in lines:
+            line = parse_line(raw, offset)
+            rule = self.noise.classify(line)
+            events.append(LineAdded(line, rule))
+            self.tracker.feed(line)
+            if _HANG_HEARTBEAT not in line.message:
+                progressed = True
+            if rule is None:
+                hit = detect_phase(line, self.engine)
+                if hit is not None:
+                    events.extend(self._on_phase(hit, at))
+        if progressed:
+            self.last_line_at = at
+            if self.state is State.STALLED:
+                self.stall = None
+                events.extend(self._to(State.LOADING, at))
+        if self.death is not None:
+            cause = self.tracker.cause()
+            if cause is not None and cause != cause_before:
+                self.death = _with_cause(self.death, cause)
+                events.append(CauseUpdated(self.death))
+        return events
+
+    def _on_phase(self, hit: PhaseHit, at: float) -> list[DomainEvent]:
+        events: list[DomainEvent] = []
+        if hit.version and self.engine_version is None:
+            self.engine_version = hit.version
+        if hit.phase is Phase.READY_LOG:
+            self.log_ready_seen = True
+        if self.timeline is None or not self.state.live or self.state is State.READY:
+            return events
+        if self.timeline.enter(hit.phase, at):
+            events.append(PhaseChanged(hit.phase, at, at - self.timeline.launched_at))
+            if self.state in (State.STARTING, State.PREFLIGHT):
+                events.extend(self._to(State.LOADING, at))
+        cur = self.timeline.current
+        if cur is not None and cur.phase is hit.phase and (hit.progress is not None
+                                                          or hit.shards is not None):
+            self.timeline.progress(hit.progress, hit.shards)
+            events.append(ProgressChanged(hit.phase, cur.progress, cur.shards))
+        return events
+
+    def feed_procs(self, snap: Procs) -> list[DomainEvent]:
+        for proc in snap.procs:
+            self.procs[proc.pid] = proc
+        return []
+
+    def feed_exit(self, ex: ProcExit, at: float) -> list[DomainEvent]:
+        """A process of the run ended. The first server-process death is the run's death."""
+        self.exits.setdefault(ex.pid, ex)
+        if not self.state.live or self.death is not None:
+            return []
+        failed = (ex.code not in (0, None)) or ex.signal is not None
+        if not (ex.top or ex.pid == self.top_pid or _SERVER_ROLE.match(ex.name)):
+            return [HelperExited(ex)] if failed else []
+        self.tracker.note_death(ex.pid, ex.name)
+        launched = self.launched_at if self.launched_at is not None else ex.time
+        phase = self.timeline.current.phase if self.timeline and self.timeline.current else None
+        self.death = Death(ex.pid, ex.name, ex.code, ex.signal, ex.time,
+                           max(0.0, ex.time - launched), phase, self.tracker.cause())
+        if self.timeline is not None:
+            self.timeline.finish(at, failed=True)
+        return [*self._to(State.DEAD, at), Died(self.death)]
+
+    def feed_run_exit(self, ex: RunExit, at: float) -> list[DomainEvent]:
+        """exit.json appeared: the top process is gone (a death unless we were killing it)."""
+        pid = ex.pid if ex.pid is not None else (self.top_pid or 0)
+        if self.state is State.KILLING:
+            return self.stopped(at)
+        name = self.procs[pid].name if pid in self.procs else "APIServer"
+        return self.feed_exit(ProcExit(pid, name, ex.code, ex.signal, ex.time, True), at)
+
+    def feed_health(self, health: Health, at: float) -> list[DomainEvent]:
+        """READY only when the health endpoint answers from the GPU host."""
+        if not health.ok or self.state not in (State.STARTING, State.LOADING, State.STALLED):
+            return []
+        self.ready_at = at
+        launched = self.launched_at if self.launched_at is not None else at
+        if self.timeline is not None:
+            self.timeline.enter(Phase.READY_LOG, at)
+            self.timeline.finish(at)
+        return [*self._to(State.READY, at), Ready(at, at - launched)]
+
+    def feed_gpus(self, snap: Gpus, at: float) -> list[DomainEvent]:
+        for gpu in snap.gpus:
+            track = self._gpus.setdefault(gpu.index, _GpuTrack(changed_at=at))
+            if gpu.mem_used != track.used:
+                track.used, track.changed_at = gpu.mem_used, at
+        return []
+
+    def frozen_gpus(self, at: float, window: float) -> tuple[int, ...]:
+        """GPUs whose memory has not changed for `window` seconds."""
+        return tuple(i for i, t in sorted(self._gpus.items()) if at - t.changed_at >= window)
+
+    def tick(self, at: float) -> list[DomainEvent]:
+        """Time passes: a quiet log and frozen GPU memory for too long is a stall."""
+        if self.state not in (State.STARTING, State.LOADING) or self.last_line_at is None:
+            return []
+        quiet = at - self.last_line_at
+        if quiet < self.stall_timeout_s:
+            return []
+        frozen = self.frozen_gpus(at, self.stall_timeout_s)
+        if self._gpus and len(frozen) < len(self._gpus):
+            return []  # memory still moving somewhere: loading, just quietly
+        self.stall = Stalled(quiet, frozen, at)
+        return [*self._to(State.STALLED, at), self.stall]
+
+
+def _with_cause(death: Death, cause: RootCause) -> Death:
+    return Death(death.pid, death.process, death.code, death.signal, death.at,
+                 death.since_launch, death.phase, cause)

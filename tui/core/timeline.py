@@ -1,0 +1,74 @@
+"""The launch timeline: each phase's start and duration, the current phase's progress, the ETA.
+
+Pure bookkeeping fed by the launch state machine; the console draws it, `wait` prints from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tui.core.phases import Phase
+
+
+@dataclass(slots=True)
+class PhaseSpan:
+    """One phase as it happened: when it started, when it ended (None while current)."""
+
+    phase: Phase
+    start: float
+    end: float | None = None
+    progress: float | None = None
+    shards: tuple[int, int] | None = None
+    failed: bool = False
+
+    def duration(self, now: float) -> float:
+        return (self.end if self.end is not None else now) - self.start
+
+
+@dataclass(slots=True)
+class Timeline:
+    """Phases in the order they were entered, from a launch time, with an expected load time."""
+
+    launched_at: float
+    expected_load_s: float | None = None
+    spans: list[PhaseSpan] = field(default_factory=list)
+    finished_at: float | None = None
+
+    @property
+    def current(self) -> PhaseSpan | None:
+        return self.spans[-1] if self.spans else None
+
+    def enter(self, phase: Phase, at: float) -> bool:
+        """Start `phase` (closing the current one); phases never go backwards. True if entered."""
+        cur = self.current
+        if cur is not None and phase.value <= cur.phase.value:
+            return False
+        if cur is not None and cur.end is None:
+            cur.end = at
+        self.spans.append(PhaseSpan(phase, at))
+        return True
+
+    def progress(self, progress: float | None, shards: tuple[int, int] | None) -> None:
+        cur = self.current
+        if cur is not None:
+            if progress is not None:
+                cur.progress = progress
+            if shards is not None:
+                cur.shards = shards
+
+    def finish(self, at: float, failed: bool = False) -> None:
+        """Close the timeline: ready (failed=False) or died/stopped in the current phase."""
+        cur = self.current
+        if cur is not None and cur.end is None:
+            cur.end = at
+            cur.failed = failed
+        self.finished_at = at
+
+    def elapsed(self, now: float) -> float:
+        return (self.finished_at if self.finished_at is not None else now) - self.launched_at
+
+    def eta(self, now: float) -> float | None:
+        """Seconds left until the expected load time, or None when unknown or finished."""
+        if self.expected_load_s is None or self.finished_at is not None:
+            return None
+        return max(0.0, self.launched_at + self.expected_load_s - now)

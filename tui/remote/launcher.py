@@ -1,0 +1,127 @@
+"""Launch, find, preflight and kill runs on a host through the agent.
+
+What to run comes from the pure core (tui.core.command); this module only turns a profile into
+agent specs and the agent's answers into typed results.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from tui.core.command import build_server_argv, host_python, new_run_id, resolve_secrets
+from tui.core.errors import AgentError
+from tui.core.profile import Profile
+from tui.core.protocol import Check, Killed, KillStep, Launched, Preflight, RunRecord, Runs
+from tui.remote.agent_link import AgentTarget, call_agent
+from tui.remote.session import Session
+
+SIM_NVML_DIR = str(Path(__file__).resolve().parent.parent / "sim" / "fakenvml")
+
+
+def default_sim_gpu_state() -> str:
+    return os.path.expanduser("~/.specconsole/sim-gpus")
+
+
+def sim_gpu_state(profile: Profile) -> str | None:
+    sim = profile.simulate
+    if sim is None:
+        return None
+    return sim.gpu_state or default_sim_gpu_state()
+
+
+def agent_target(profile: Profile) -> AgentTarget:
+    """The agent's interpreter; a simulated run also gets the fake NVML first on its path."""
+    env: dict[str, str] = {}
+    state = sim_gpu_state(profile)
+    if state is not None:
+        env = {"PYTHONPATH": SIM_NVML_DIR, "SPECCONSOLE_SIM_GPU_STATE": state}
+    return AgentTarget(host_python(profile), env)
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    """Everything sent to the host for one launch; `secrets` never leave this process in logs."""
+
+    run_id: str
+    argv: list[str]
+    env: dict[str, str]
+    secrets: tuple[str, ...]
+
+
+def plan_launch(profile: Profile, environ: Mapping[str, str],
+                now: float | None = None) -> LaunchPlan:
+    secrets = resolve_secrets(profile, environ)
+    env = {"PYTHONUNBUFFERED": "1", **profile.server.env, **secrets}
+    state = sim_gpu_state(profile)
+    if state is not None:
+        env["SPECCONSOLE_SIM_GPU_STATE"] = state
+    return LaunchPlan(new_run_id(profile.name, now if now is not None else time.time()),
+                      build_server_argv(profile, host_python(profile)), env,
+                      tuple(v for v in secrets.values() if v))
+
+
+async def launch(session: Session, profile: Profile, plan: LaunchPlan) -> Launched:
+    spec = {"run_id": plan.run_id, "runs_dir": profile.host.runs_dir,
+            "profile_key": profile.key, "argv": plan.argv, "env": plan.env,
+            "redact": list(plan.secrets), "cwd": profile.host.workdir}
+    for ev in await call_agent(session, agent_target(profile), "launch", spec):
+        if isinstance(ev, Launched):
+            return ev
+    raise AgentError(session.host, "the agent did not confirm the launch")
+
+
+async def list_runs(session: Session, profile: Profile, all_profiles: bool = False
+                    ) -> tuple[RunRecord, ...]:
+    spec = {"runs_dir": profile.host.runs_dir,
+            "profile_key": None if all_profiles else profile.key}
+    for ev in await call_agent(session, agent_target(profile), "runs", spec):
+        if isinstance(ev, Runs):
+            return ev.runs
+    return ()
+
+
+async def latest_run(session: Session, profile: Profile) -> RunRecord | None:
+    runs = await list_runs(session, profile)
+    return runs[0] if runs else None
+
+
+async def preflight(session: Session, profile: Profile) -> tuple[Check, ...]:
+    pf = profile.preflight
+    spec = {
+        "compile_files": list(pf.compile_files) if pf.compile else [],
+        "engine_package": profile.server.engine if pf.compile and pf.engine_package
+        and profile.simulate is None else None,
+        "check_gpus": pf.gpus_free,
+        "port": profile.server.port if pf.port_free else None,
+        "paths": _paths_to_check(profile) if pf.paths_exist else [],
+        "expect_gpus": profile.server.tensor_parallel_size,
+    }
+    for ev in await call_agent(session, agent_target(profile), "preflight", spec):
+        if isinstance(ev, Preflight):
+            return ev.checks
+    raise AgentError(session.host, "the agent did not answer the preflight")
+
+
+def _paths_to_check(profile: Profile) -> list[str]:
+    if profile.simulate is not None or profile.server.command:
+        return []
+    paths = [profile.server.model] if profile.server.model else []
+    spec = profile.server.speculative
+    if spec is not None and spec.model:
+        paths.append(spec.model)
+    return [p for p in paths if p.startswith(("/", "~", "."))]
+
+
+async def kill(session: Session, profile: Profile, run_dir: str, grace: float
+               ) -> tuple[list[KillStep], Killed]:
+    events = await call_agent(session, agent_target(profile), "kill",
+                              {"run_dir": run_dir, "grace": grace}, timeout=grace + 60)
+    steps = [ev for ev in events if isinstance(ev, KillStep)]
+    for ev in events:
+        if isinstance(ev, Killed):
+            return steps, ev
+    raise AgentError(session.host, "the agent did not report the end of the kill")

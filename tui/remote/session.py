@@ -1,0 +1,692 @@
+"""Sessions: run commands on the GPU host, here or over SSH, behind one interface.
+
+Everything above this module sees `Session` and `Stream` only, and only the typed errors of
+`tui.core.errors`: asyncssh and OS exceptions are translated here, into one-line messages that
+name the host and the fix, so no traceback ever reaches a user.
+
+Commands are argv lists. Locally they are exec'd without a shell; over SSH the remote shell gets
+`shlex.join(argv)`, so a profile value such as `$(touch /tmp/pwned)` arrives as literal text.
+Host keys are always checked against a known_hosts file (never `known_hosts=None`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import os
+import shlex
+import signal
+import socket
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+
+from tui.core.errors import (
+    AuthRefused,
+    ConnectionLost,
+    HostKeyChanged,
+    HostKeyUnknown,
+    HostUnreachable,
+    RemoteModuleMissing,
+    RemotePythonMissing,
+    SessionError,
+)
+
+SSH_CONFIG_ENV = "SPECCONSOLE_SSH_CONFIG"
+"""An ssh_config file to use instead of ~/.ssh/config (tests, or a console-only config)."""
+
+_LINE_LIMIT = 1 << 24  # one agent JSON line (a big process table) must fit
+_STDERR_KEEP = 1 << 16  # stderr is drained so it never blocks stdout; its tail is kept
+_MAX_HOPS = 8  # a ProxyJump loop in ~/.ssh/config stops here instead of recursing forever
+_SHELL_NOT_FOUND = 127
+_SHELL_NOT_EXECUTABLE = 126
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+
+class Stream(ABC):
+    """A running command: stdout read line by line, stdin written, stderr collected apart.
+
+    Exit codes follow subprocess: a command killed by signal N reports -N.
+    """
+
+    _stderr: asyncio.Future[bytes]
+
+    @abstractmethod
+    async def readline(self) -> bytes:
+        """The next stdout line with its newline; a partial last line; b"" at EOF."""
+
+    @abstractmethod
+    def write(self, data: bytes) -> None:
+        """Queue bytes for stdin; writes to a command that has ended are dropped."""
+
+    @abstractmethod
+    async def drain(self) -> None:
+        """Wait until queued stdin is handed on (flow control)."""
+
+    @abstractmethod
+    def close_stdin(self) -> None:
+        """Send EOF: the agent takes it as its cue to exit."""
+
+    @abstractmethod
+    async def wait(self) -> int:
+        """Wait for the command to end and return its exit code."""
+
+    @abstractmethod
+    def terminate(self) -> None:
+        """Stop the command now (its process group locally, its channel over SSH)."""
+
+    async def stderr_text(self) -> str:
+        """Everything the command wrote to stderr (the last 64 KiB), once stderr has closed."""
+        return (await asyncio.shield(self._stderr)).decode("utf-8", "replace")
+
+
+class Session(ABC):
+    """A place to run commands: this machine, or a GPU host over one SSH connection."""
+
+    host: str
+    is_local: bool
+
+    @abstractmethod
+    async def run(self, argv: list[str], stdin: bytes = b"",
+                  timeout: float | None = None) -> CommandResult:
+        """Run argv to completion, feeding it stdin then EOF; SessionError past the timeout."""
+
+    @abstractmethod
+    async def stream(self, argv: list[str], stdin: bytes = b"") -> Stream:
+        """Start argv with stdin left open after the given bytes."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release the session: commands still attached to it end (detached ones live on)."""
+
+
+async def _tail(read: Callable[[int], Awaitable[bytes]]) -> bytes:
+    """Read a pipe to EOF, keeping its last bytes: an unread stderr would stall the command."""
+    kept = bytearray()
+    with contextlib.suppress(asyncssh.Error, OSError):
+        while chunk := await read(65536):
+            kept += chunk
+            del kept[:-_STDERR_KEEP]
+    return bytes(kept)
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def _display(path: Path | str) -> str:
+    """A path as a user would type it in a shell: ~ for the home directory, quoted if needed."""
+    text = str(path)
+    home = str(Path.home())
+    if text.startswith(home + os.sep):
+        return "~/" + shlex.quote(text[len(home) + 1:])
+    return shlex.quote(text)
+
+
+# ----------------------------------------------------------------------------- local
+
+
+class _LocalStream(Stream):
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self._proc = proc
+        assert proc.stdin and proc.stdout and proc.stderr
+        self._stdin, self._stdout = proc.stdin, proc.stdout
+        self._stderr = asyncio.ensure_future(_tail(proc.stderr.read))
+
+    async def readline(self) -> bytes:
+        return await self._stdout.readline()
+
+    def write(self, data: bytes) -> None:
+        if not self._stdin.is_closing():
+            self._stdin.write(data)
+
+    async def drain(self) -> None:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            await self._stdin.drain()
+
+    def close_stdin(self) -> None:
+        self._stdin.close()
+
+    async def wait(self) -> int:
+        return await self._proc.wait()
+
+    def terminate(self) -> None:
+        if self._proc.returncode is None:
+            _signal_group(self._proc.pid, signal.SIGTERM)
+
+
+class _UnstartedStream(Stream):
+    """A command whose executable could not be exec'd, reported as a shell would (127/126)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        self._code = code
+        self._stderr = asyncio.get_running_loop().create_future()
+        self._stderr.set_result(message.encode())
+
+    async def readline(self) -> bytes:
+        return b""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    async def drain(self) -> None:
+        pass
+
+    def close_stdin(self) -> None:
+        pass
+
+    async def wait(self) -> int:
+        return self._code
+
+    def terminate(self) -> None:
+        pass
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+class LocalSession(Session):
+    """Commands on this machine, each exec'd (no shell) in its own session like sshd does.
+
+    A missing executable is reported as exit 127 with the shell's message on stderr, so callers
+    handle the local and the SSH case alike.
+    """
+
+    is_local = True
+
+    def __init__(self, host: str = "local") -> None:
+        self.host = host
+        self._procs: set[asyncio.subprocess.Process] = set()
+
+    async def _spawn(self, argv: Sequence[str]) -> asyncio.subprocess.Process | CommandResult:
+        if not argv:
+            raise ValueError("empty argv")
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=_LINE_LIMIT)
+        except OSError as exc:
+            code = _SHELL_NOT_FOUND if isinstance(exc, FileNotFoundError) else (
+                _SHELL_NOT_EXECUTABLE)
+            message = f"{argv[0]}: {exc.strerror or exc}\n"
+            return CommandResult(code, b"", message.encode())
+        self._procs.add(proc)
+        return proc
+
+    async def run(self, argv: list[str], stdin: bytes = b"",
+                  timeout: float | None = None) -> CommandResult:
+        proc = await self._spawn(argv)
+        if isinstance(proc, CommandResult):
+            return proc
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+        except asyncio.TimeoutError:
+            _signal_group(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            raise SessionError(self.host, f"{argv[0]} did not finish within {timeout:g} s; "
+                                          "it was killed") from None
+        finally:
+            self._procs.discard(proc)
+        assert proc.returncode is not None
+        return CommandResult(proc.returncode, out, err)
+
+    async def stream(self, argv: list[str], stdin: bytes = b"") -> Stream:
+        proc = await self._spawn(argv)
+        if isinstance(proc, CommandResult):
+            return _UnstartedStream(proc.returncode, proc.stderr.decode())
+        stream = _LocalStream(proc)
+        stream.write(stdin)
+        return stream
+
+    async def close(self) -> None:
+        procs = [p for p in self._procs if p.returncode is None]
+        self._procs.clear()
+        for proc in procs:
+            _signal_group(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                await asyncio.wait_for(proc.wait(), 2.0)
+            except asyncio.TimeoutError:
+                _signal_group(proc.pid, signal.SIGKILL)
+                await proc.wait()
+
+
+# ----------------------------------------------------------------------------- ssh
+
+
+class _Client(asyncssh.SSHClient):
+    """Watches one connection: host-key decisions (for the error message) and its loss."""
+
+    def __init__(self, known_hosts: asyncssh.SSHKnownHosts, strict: bool) -> None:
+        self._known_hosts = known_hosts
+        self._strict = strict
+        self.host_had_entry: bool | None = None
+        self.accepted_key: tuple[str, int, asyncssh.SSHKey] | None = None
+        self.lost: Exception | None = None
+        self.closed = False
+
+    def validate_host_public_key(self, host: str, addr: str, port: int,
+                                 key: asyncssh.SSHKey) -> bool:
+        """Called only for a key known_hosts does not trust: refuse, or accept-new when lax."""
+        host_keys, ca_keys, revoked = self._known_hosts.match(host, addr, port)[:3]
+        self.host_had_entry = bool(host_keys or ca_keys or revoked)
+        if self._strict or self.host_had_entry:
+            return False
+        self.accepted_key = (host, port, key)
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.lost = exc
+
+
+def _split_target(target: str) -> tuple[str | None, str, int | None]:
+    """`[user@]host[:port]` (or `[v6addr]:port`) -> (user, host, port)."""
+    user, _, hostport = target.rpartition("@")
+    host, port = hostport, ""
+    if hostport.startswith("["):
+        host, _, rest = hostport[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    elif hostport.count(":") == 1:
+        host, _, port = hostport.partition(":")
+    if not host or (port and not port.isdigit()):
+        raise SessionError(target, "not an SSH target; use an alias from ~/.ssh/config, "
+                                   "host, user@host or user@host:port")
+    return user or None, host, int(port) if port else None
+
+
+def _config_paths(explicit: str | os.PathLike[str] | None) -> list[str]:
+    """The ssh_config files to read: the given one, $SPECCONSOLE_SSH_CONFIG, or ~/.ssh/config."""
+    chosen = explicit or os.environ.get(SSH_CONFIG_ENV)
+    if chosen:
+        return [str(Path(chosen).expanduser())]
+    default = Path("~/.ssh/config").expanduser()
+    return [str(default)] if os.access(default, os.R_OK) else []
+
+
+def _known_hosts_files(profile_value: str | None, configured: object) -> list[Path]:
+    """The profile's file, else ssh_config's UserKnownHostsFile, else ssh's defaults."""
+    if profile_value:
+        return [Path(profile_value).expanduser()]
+    if isinstance(configured, (list, tuple)) and configured:
+        return [Path(str(p)).expanduser() for p in configured]
+    return [Path("~/.ssh/known_hosts").expanduser(), Path("/etc/ssh/ssh_known_hosts")]
+
+
+def _load_known_hosts(label: str, files: list[Path]) -> asyncssh.SSHKnownHosts:
+    """Load the files that exist: a missing file trusts nothing, it does not disable checking."""
+    known = asyncssh.SSHKnownHosts()
+    for path in files:
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise SessionError(label, f"cannot read {_display(path)}: {exc.strerror}") from exc
+        try:
+            known.load(text)
+        except ValueError as exc:
+            raise SessionError(label, f"{_display(path)} is not a known_hosts file: "
+                                      f"{_one_line(exc)}") from exc
+    return known
+
+
+@dataclass
+class _Hop:
+    """What one connection attempt resolved to, for its error messages."""
+
+    label: str
+    host: str
+    port: int
+    username: str
+    known_hosts: list[Path]
+    via: str | None
+    config_name: str
+    client: _Client | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.host} port {self.port}"
+
+
+def _host_key_error(hop: _Hop) -> SessionError:
+    pattern = hop.host if hop.port == 22 else f"[{hop.host}]:{hop.port}"
+    file = _display(hop.known_hosts[0])
+    scan = f"ssh-keyscan -p {hop.port} {shlex.quote(hop.host)}"
+    if hop.via:  # the host is reachable only from the jump host: scan it from there
+        *before, last = hop.via.split(",")
+        jump = f"-J {shlex.quote(','.join(before))} " if before else ""
+        scan = f"ssh {jump}{shlex.quote(last)} {scan}"
+    had_entry = hop.client is None or hop.client.host_had_entry is not False
+    if not had_entry:
+        return HostKeyUnknown(hop.label, f"host key unknown — not in {file}; verify it and add "
+                                         f"it with: {scan} >> {file}")
+    return HostKeyChanged(hop.label, f"host key changed — {hop.where} offers a key that differs "
+                                     f"from the one in {file} (a reinstalled host, or someone in "
+                                     f"the middle); once you have verified the new key, remove "
+                                     f"the old one with: ssh-keygen -R {shlex.quote(pattern)} "
+                                     f"-f {file} and add the new one with: {scan} >> {file}")
+
+
+def _connect_error(hop: _Hop, exc: BaseException, timeout: float | None) -> SessionError:
+    """Turn what asyncssh or the OS raised while connecting into a one-line typed error."""
+    label = hop.label
+    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
+        return _host_key_error(hop)
+    if isinstance(exc, asyncssh.PermissionDenied):
+        return AuthRefused(label, f"authentication refused for user {hop.username} at "
+                                  f"{hop.where} — no key offered was accepted; check User and "
+                                  f"IdentityFile in {hop.config_name}, or add the key to "
+                                  "ssh-agent")
+    if isinstance(exc, asyncssh.ChannelOpenError):
+        return HostUnreachable(label, f"{hop.via} could not open a connection to {hop.where}: "
+                                      f"{_one_line(exc.reason)}")
+    if isinstance(exc, asyncssh.DisconnectError):
+        return HostUnreachable(label, f"the SSH handshake with {hop.where} failed: "
+                                      f"{_one_line(exc.reason)}")
+    if isinstance(exc, asyncio.TimeoutError):
+        return HostUnreachable(label, f"no SSH answer from {hop.where} within {timeout:g} s "
+                                      "(host.connect_timeout)")
+    if isinstance(exc, socket.gaierror):
+        return HostUnreachable(label, f"cannot resolve {hop.host!r}: {exc.strerror}; check the "
+                                      f"name, or its HostName in {hop.config_name}")
+    if isinstance(exc, OSError):
+        if exc.errno == errno.ECONNREFUSED:
+            return HostUnreachable(label, f"connection refused by {hop.where} — is sshd running "
+                                          "there, and is the port right?")
+        if exc.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+            return HostUnreachable(label, f"no route to {hop.where} ({exc.strerror})")
+        return HostUnreachable(label, f"cannot connect to {hop.where}: "
+                                      f"{_one_line(exc.strerror or exc)}")
+    return SessionError(label, f"cannot set up SSH to {hop.where}: {_one_line(exc)}")
+
+
+def _record_accepted_key(hop: _Hop) -> None:
+    """accept-new (strict_host_keys = false): remember a first-seen key once it proved itself."""
+    if hop.client is None or hop.client.accepted_key is None:
+        return
+    host, port, key = hop.client.accepted_key
+    pattern = host if port == 22 else f"[{host}]:{port}"
+    algorithm, data = key.export_public_key().decode().split()[:2]
+    line = f"{pattern} {algorithm} {data}\n"
+    path = hop.known_hosts[0]
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with path.open("a") as file:
+            file.write(line)
+    except OSError as exc:
+        raise SessionError(hop.label, f"cannot record the new host key in {_display(path)}: "
+                                      f"{exc.strerror}") from exc
+
+
+class _Connector:
+    """Opens the chain of connections to a host: jump hosts first, each one checked strictly."""
+
+    def __init__(self, cfg: Any, config: list[str]) -> None:
+        self._cfg = cfg
+        self._config = config
+        self._config_name = _display(config[0]) if config else "~/.ssh/config"
+        self.opened: list[asyncssh.SSHClientConnection] = []
+
+    async def connect(self, target: str, label: str, tunnel: asyncssh.SSHClientConnection | None,
+                      via: str | None, depth: int = 0) -> tuple[asyncssh.SSHClientConnection, _Hop]:
+        user, host, port = _split_target(target)
+        given: dict[str, Any] = {"username": user} if user else {}
+        if port:
+            given["port"] = port
+        try:
+            resolved = await asyncssh.SSHClientConnectionOptions.construct(
+                config=self._config, host=host, **given)
+        except (OSError, ValueError) as exc:
+            detail = (f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError)
+                      and exc.filename else _one_line(exc))
+            raise SessionError(label, f"cannot use {self._config_name} for {target}: "
+                                      f"{detail}") from exc
+        if tunnel is None and isinstance(resolved.tunnel, str):
+            if depth >= _MAX_HOPS:
+                raise SessionError(label, "too many ProxyJump hops (a loop in "
+                                          f"{self._config_name}?)")
+            via = resolved.tunnel
+            tunnel = await self.chain(resolved.tunnel, depth + 1)
+        strict = bool(getattr(self._cfg, "strict_host_keys", True))
+        hop = _Hop(label, resolved.host, resolved.port, resolved.username,
+                   _known_hosts_files(getattr(self._cfg, "known_hosts", None),
+                                      resolved.known_hosts), via, self._config_name)
+        known = _load_known_hosts(label, hop.known_hosts)
+        client = hop.client = _Client(known, strict)
+        timeout = getattr(self._cfg, "connect_timeout", 15.0)
+        try:
+            conn = await asyncssh.connect(
+                host, config=self._config, tunnel=tunnel, client_factory=lambda: client,
+                known_hosts=known,
+                keepalive_interval=getattr(self._cfg, "keepalive_interval", 5.0),
+                keepalive_count_max=getattr(self._cfg, "keepalive_count_max", 3),
+                connect_timeout=timeout, **given)
+        except (asyncssh.Error, OSError, asyncio.TimeoutError, ValueError) as exc:
+            raise _connect_error(hop, exc, timeout) from exc
+        self.opened.append(conn)
+        _record_accepted_key(hop)
+        return conn, hop
+
+    async def chain(self, spec: str, depth: int) -> asyncssh.SSHClientConnection:
+        """`a,b,c` as in ProxyJump: each hop reached through the one before it."""
+        conn: asyncssh.SSHClientConnection | None = None
+        via: str | None = None
+        for name in (part.strip() for part in spec.split(",")):
+            conn, _ = await self.connect(name, f"{name} (jump host)", conn, via, depth)
+            via = name
+        assert conn is not None
+        return conn
+
+    async def close(self) -> None:
+        for conn in reversed(self.opened):
+            conn.close()
+            await conn.wait_closed()
+        self.opened.clear()
+
+
+class _SSHStream(Stream):
+    def __init__(self, session: SSHSession, proc: asyncssh.SSHClientProcess[bytes]) -> None:
+        self._session = session
+        self._proc = proc
+        self._terminated = False
+        self._stderr = asyncio.ensure_future(_tail(proc.stderr.read))
+
+    async def readline(self) -> bytes:
+        with self._session.translate():
+            return await self._proc.stdout.readline()
+
+    def write(self, data: bytes) -> None:
+        if data:
+            self._session.ended_or_lost(self._proc.stdin.write, data)
+
+    async def drain(self) -> None:
+        with self._session.translate(), contextlib.suppress(BrokenPipeError):
+            await self._proc.stdin.drain()
+
+    def close_stdin(self) -> None:
+        self._session.ended_or_lost(self._proc.stdin.write_eof)
+
+    async def wait(self) -> int:
+        with self._session.translate():
+            await self._proc.wait()
+        code = self._proc.returncode
+        if code is not None:
+            return code
+        if self._terminated:
+            return -signal.SIGTERM
+        raise self._session.lost_error("the command's channel closed without an exit status")
+
+    def terminate(self) -> None:
+        """Close the channel: the host ends the command; a detached server is not touched."""
+        self._terminated = True
+        self._proc.close()
+
+
+class SSHSession(Session):
+    """Commands on a host over one asyncssh connection (plus its jump hosts)."""
+
+    is_local = False
+
+    def __init__(self, host: str, conn: asyncssh.SSHClientConnection, client: _Client,
+                 connector: _Connector) -> None:
+        self.host = host
+        self._conn = conn
+        self._client = client
+        self._connector = connector
+
+    def lost_error(self, fallback: str) -> ConnectionLost:
+        exc = self._client.lost
+        if exc is not None:
+            reason = _one_line(getattr(exc, "reason", None) or exc)
+        elif self._client.closed:
+            reason = "the session was closed"
+        else:
+            reason = fallback
+        if reason.lower() == "connection lost":
+            return ConnectionLost(self.host, "connection lost")
+        return ConnectionLost(self.host, f"connection lost: {reason}")
+
+    @contextlib.contextmanager
+    def translate(self) -> Iterator[None]:
+        """Errors while using the connection become ConnectionLost, with asyncssh's reason."""
+        try:
+            yield
+        except (asyncssh.Error, OSError) as exc:
+            if isinstance(exc, asyncio.TimeoutError):
+                raise
+            raise self.lost_error(_one_line(getattr(exc, "reason", None) or exc)) from exc
+
+    def ended_or_lost(self, action: Callable[..., None], *args: Any) -> None:
+        """Writing to a command that has ended is a no-op; to a lost connection, an error."""
+        try:
+            action(*args)
+        except (BrokenPipeError, asyncssh.Error) as exc:
+            if self._client.closed:
+                raise self.lost_error(_one_line(exc)) from exc
+
+    async def _start(self, argv: list[str]) -> asyncssh.SSHClientProcess[bytes]:
+        if not argv:
+            raise ValueError("empty argv")
+        with self.translate():
+            return await self._conn.create_process(shlex.join(argv), encoding=None)
+
+    async def run(self, argv: list[str], stdin: bytes = b"",
+                  timeout: float | None = None) -> CommandResult:
+        proc = await self._start(argv)
+        try:
+            if stdin:
+                self.ended_or_lost(proc.stdin.write, stdin)
+            self.ended_or_lost(proc.stdin.write_eof)
+            with self.translate():
+                out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except asyncio.TimeoutError:
+            raise SessionError(self.host, f"{argv[0]} did not finish within {timeout:g} s; "
+                                          "its channel was closed") from None
+        finally:
+            proc.close()
+        if proc.returncode is None:
+            raise self.lost_error("the command's channel closed without an exit status")
+        return CommandResult(proc.returncode, out or b"", err or b"")
+
+    async def stream(self, argv: list[str], stdin: bytes = b"") -> Stream:
+        stream = _SSHStream(self, await self._start(argv))
+        stream.write(stdin)
+        return stream
+
+    async def close(self) -> None:
+        await self._connector.close()
+
+
+async def open_session(host_cfg: Any, *, ssh_config: str | os.PathLike[str] | None = None
+                       ) -> Session:
+    """A session for a profile's [host]: "local", or SSH to its target (via its jump host).
+
+    `host_cfg` needs .target and may carry .jump, .known_hosts, .strict_host_keys,
+    .keepalive_interval, .keepalive_count_max, .connect_timeout (the profile's defaults apply).
+    `ssh_config` (or $SPECCONSOLE_SSH_CONFIG) replaces ~/.ssh/config.
+    """
+    target = str(host_cfg.target)
+    if target == "local":
+        return LocalSession()
+    connector = _Connector(host_cfg, _config_paths(ssh_config))
+    try:
+        jump = getattr(host_cfg, "jump", None)
+        tunnel = await connector.chain(jump, 0) if jump else None
+        conn, hop = await connector.connect(target, target, tunnel, jump)
+    except BaseException:
+        await connector.close()
+        raise
+    assert hop.client is not None
+    return SSHSession(target, conn, hop.client, connector)
+
+
+# ----------------------------------------------------------------------------- python probe
+
+_PROBE = """\
+import json, platform, sys
+out = {"python": platform.python_version(), "executable": sys.executable, "missing": {}}
+for name in ("psutil", "pynvml"):
+    try:
+        mod = __import__(name)
+    except Exception as exc:
+        out["missing"][name] = "%s: %s" % (type(exc).__name__, exc)
+        continue
+    version = getattr(mod, "__version__", None)
+    if version is None:
+        try:
+            from importlib.metadata import version as dist_version
+            version = dist_version("nvidia-ml-py" if name == "pynvml" else name)
+        except Exception:
+            version = "unknown"
+    out[name] = str(version)
+sys.stdout.write(json.dumps(out) + "\\n")
+"""
+
+_PYTHON_FIX = "set host.python to the server's venv python (e.g. /opt/vllm/.venv/bin/python)"
+_MODULE_FIX = "point host.python at the server's venv, which has both"
+
+
+async def check_python(session: Session, python: str | Sequence[str],
+                       timeout: float = 60.0) -> dict[str, str]:
+    """Probe the interpreter the agent will use; versions of Python, psutil and pynvml.
+
+    `python` is the interpreter path, or an argv prefix ending with it (["env", "X=1", path]).
+    """
+    prefix = [python] if isinstance(python, str) else list(python)
+    shown = prefix[-1]
+    result = await session.run([*prefix, "-c", _PROBE], timeout=timeout)
+    err = result.stderr.decode("utf-8", "replace").strip()
+    last = _one_line(err.splitlines()[-1]) if err else ""
+    if result.returncode in (_SHELL_NOT_FOUND, _SHELL_NOT_EXECUTABLE) or (
+            result.returncode and ("not found" in err or "No such file" in err)):
+        why = "is not executable" if result.returncode == _SHELL_NOT_EXECUTABLE else "not found"
+        raise RemotePythonMissing(session.host, f"no Python at {shown} ({why}: {last}) — "
+                                                f"{_PYTHON_FIX}")
+    try:
+        report = json.loads(result.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+        missing: dict[str, str] = report.pop("missing")
+    except (ValueError, IndexError, KeyError, AttributeError):
+        detail = last or f"exit code {result.returncode}"
+        raise RemotePythonMissing(session.host, f"{shown} did not run as Python 3 ({detail}) — "
+                                                f"{_PYTHON_FIX}") from None
+    if missing:
+        names = sorted(missing)
+        first = _one_line(missing[names[0]])
+        raise RemoteModuleMissing(session.host, f"{shown} cannot import {', '.join(names)} "
+                                                f"({first}) — {_MODULE_FIX}")
+    return {key: str(value) for key, value in report.items()}

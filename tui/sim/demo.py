@@ -1,0 +1,56 @@
+"""The demo's profile: the simulated engine on this machine, on a free port, no setup.
+
+Built from the same TOML schema as a user's profile, so the demo exercises the real loader.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from tui.core.profile import Profile, loads_profile
+
+DEMO_TEMPLATE = """
+[host]
+target = "local"
+
+[server]
+engine = "vllm"
+model = "/models/moonshotai/Kimi-K2.5 (simulated)"
+port = {port}
+tensor_parallel_size = 8
+
+[server.speculative]
+method = "eagle3"
+model = "/models/Kimi-K2.5-eagle3 (simulated)"
+num_speculative_tokens = 5
+
+[preflight]
+compile = false
+paths_exist = false
+
+[logs]
+harmless = [{{ pattern = "Failed to import Triton kernels", label = "Triton SparseMatrix import" }}]
+
+[expect]
+load_time = "25m"
+stall_timeout = "{stall}s"
+
+[simulate]
+scenario = "{scenario}"
+time_scale = {time_scale}
+gpus = 8
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def demo_profile(scenario: str, time_scale: float) -> Profile:
+    """A profile for `specconsole demo`: a 25-minute load shown in 25 min / time_scale."""
+    stall = max(3.0, 600.0 / time_scale)
+    text = DEMO_TEMPLATE.format(port=free_port(), scenario=scenario, time_scale=time_scale,
+                                stall=f"{stall:g}")
+    return loads_profile(text, f"demo-{scenario}.toml")

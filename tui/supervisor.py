@@ -1,0 +1,343 @@
+"""Headless orchestration: one session, one run, one LaunchMachine, events out.
+
+The Textual app and `specconsole wait` both consume a Supervisor's events; nothing here draws.
+It connects, attaches to the profile's live run or runs preflight and launches one, streams the
+agent's watch into the machine, reconnects with capped backoff when the link drops (resuming the
+log at the last byte offset, so no line is lost or doubled), and kills with escalation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tui.core.errors import PreflightFailed, RunNotFound, SessionError
+from tui.core.noise import NoiseFilter, builtin_rules, rule_from_pattern
+from tui.core.profile import Profile
+from tui.core.protocol import (
+    AgentFault,
+    Check,
+    Gpus,
+    Health,
+    Hello,
+    Killed,
+    KillStep,
+    LogChunk,
+    ProcExit,
+    Procs,
+    RunExit,
+    RunRecord,
+)
+from tui.core.state import DomainEvent, LaunchMachine, State
+from tui.remote import launcher
+from tui.remote.agent_link import stream_agent
+from tui.remote.session import Session, open_session
+
+BACKOFF_START_S = 0.5
+BACKOFF_MAX_S = 10.0
+TICK_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    run_id: str
+    run_dir: str
+    pid: int
+    launched_at: float
+    attached: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """Something the user should read that is not a state change."""
+
+    text: str
+    level: str = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class PreflightDone:
+    checks: tuple[Check, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RunStarted:
+    run: RunInfo
+
+
+@dataclass(frozen=True, slots=True)
+class LinkLost:
+    host: str
+    reason: str
+    retry_in: float
+
+
+@dataclass(frozen=True, slots=True)
+class LinkRestored:
+    host: str
+
+
+@dataclass(frozen=True, slots=True)
+class AgentHello:
+    hello: Hello
+
+
+@dataclass(frozen=True, slots=True)
+class ProcsSeen:
+    procs: Procs
+
+
+@dataclass(frozen=True, slots=True)
+class GpusSeen:
+    gpus: Gpus
+
+
+@dataclass(frozen=True, slots=True)
+class KillProgress:
+    step: KillStep
+
+
+@dataclass(frozen=True, slots=True)
+class KillDone:
+    killed: Killed
+
+
+SupervisorEvent = (DomainEvent | Notice | PreflightDone | RunStarted | LinkLost | LinkRestored
+                   | AgentHello | ProcsSeen | GpusSeen | KillProgress | KillDone)
+SessionOpener = Callable[[Any], Awaitable[Session]]
+
+
+def noise_for(profile: Profile) -> NoiseFilter:
+    """The profile's rules first, then the engine's built-ins."""
+    rules = [rule_from_pattern(f"hide:{r.label}", "hide", r.pattern, r.label)
+             for r in profile.logs.hide]
+    rules += [rule_from_pattern(f"harmless:{r.label}", "harmless", r.pattern, r.label)
+              for r in profile.logs.harmless]
+    return NoiseFilter([*rules, *builtin_rules(profile.server.engine)])
+
+
+class Supervisor:
+    """Owns a session to the profile's host and the launch state machine of one run."""
+
+    def __init__(self, profile: Profile, *, environ: Mapping[str, str] | None = None,
+                 opener: SessionOpener = open_session,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.profile = profile
+        self.environ = os.environ if environ is None else environ
+        self.opener = opener
+        self.clock = clock
+        self.session: Session | None = None
+        self.run: RunInfo | None = None
+        self.machine = self._new_machine()
+        self.log_end = 0
+        self.secrets: tuple[str, ...] = ()
+        self.last_checks: tuple[Check, ...] = ()
+        self.last_kill_steps: list[KillStep] = []
+        self._queues: list[asyncio.Queue[SupervisorEvent]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+
+    def _new_machine(self) -> LaunchMachine:
+        exp = self.profile.expect
+        return LaunchMachine(engine=self.profile.server.engine, noise=noise_for(self.profile),
+                             stall_timeout_s=exp.stall_timeout, expected_load_s=exp.load_time)
+
+    # -- events ------------------------------------------------------------------------------
+
+    def subscribe(self) -> asyncio.Queue[SupervisorEvent]:
+        queue: asyncio.Queue[SupervisorEvent] = asyncio.Queue()
+        self._queues.append(queue)
+        return queue
+
+    def _emit(self, events: list[Any] | tuple[Any, ...]) -> None:
+        for event in events:
+            for queue in self._queues:
+                queue.put_nowait(event)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def connect(self) -> Session:
+        if self.session is None:
+            self.session = await self.opener(self.profile.host)
+        return self.session
+
+    async def run_preflight(self) -> tuple[Check, ...]:
+        self._emit(self.machine.preflight(self.clock()))
+        checks = await launcher.preflight(await self.connect(), self.profile)
+        self.last_checks = checks
+        self._emit([PreflightDone(checks)])
+        failed = [c for c in checks if not c.ok and c.severity == "error"]
+        if failed:
+            self.machine.state = State.PENDING
+            raise PreflightFailed("; ".join(f"{c.check}: {c.message}" for c in failed))
+        for check in checks:
+            if not check.ok:
+                self._emit([Notice(f"preflight warning — {check.check}: {check.message}",
+                                   "warning")])
+        return checks
+
+    async def launch(self, skip_preflight: bool = False) -> RunInfo:
+        """Preflight (unless skipped or switched off), then start a new run and watch it."""
+        session = await self.connect()
+        if not skip_preflight and self.profile.preflight.enabled:
+            await self.run_preflight()
+        plan = launcher.plan_launch(self.profile, self.environ, self.clock())
+        self.secrets = plan.secrets
+        launched = await launcher.launch(session, self.profile, plan)
+        now = self.clock()
+        self.run = RunInfo(launched.run_id, launched.run_dir, launched.pid, now, attached=False)
+        self._begin(now)
+        return self.run
+
+    async def attach(self, record: RunRecord | None = None) -> RunInfo:
+        """Follow an existing run (the profile's newest when none is given) from its first line."""
+        record = record or await launcher.latest_run(await self.connect(), self.profile)
+        if record is None or record.pid is None:
+            raise RunNotFound(f"no run of {self.profile.key} on {self.profile.host.target}")
+        started = record.started if record.started is not None else self.clock()
+        self.run = RunInfo(record.run_id, record.run_dir, record.pid, started, attached=True)
+        self._begin(self.clock())
+        return self.run
+
+    async def start(self, *, launch: bool = True, skip_preflight: bool = False) -> RunInfo:
+        """Attach to the profile's live run, else launch one (when allowed), else follow its
+        newest run, dead or not, so its end can be reported."""
+        latest = await launcher.latest_run(await self.connect(), self.profile)
+        if latest is not None and latest.alive:
+            return await self.attach(latest)
+        if launch:
+            return await self.launch(skip_preflight)
+        if latest is None:
+            raise RunNotFound(f"no run of {self.profile.key}; "
+                              "start one with `specconsole launch` or `wait --launch`")
+        return await self.attach(latest)
+
+    def _begin(self, now: float) -> None:
+        assert self.run is not None
+        self.log_end = 0
+        self._emit(self.machine.started(self.run.pid, self.run.launched_at, now))
+        self._emit([RunStarted(self.run)])
+        self._tasks = [asyncio.create_task(self._watch_loop()),
+                       asyncio.create_task(self._tick_loop())]
+
+    async def close(self) -> None:
+        """Stop watching and drop the session; the server keeps running."""
+        self._closing = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    # -- watching ----------------------------------------------------------------------------
+
+    def _watch_spec(self) -> dict[str, Any]:
+        assert self.run is not None
+        return {"run_dir": self.run.run_dir, "log_offset": self.log_end,
+                "procs_interval": 1.0, "gpus_interval": 1.0, "log_interval": 0.05,
+                "health": {"port": self.profile.server.port,
+                           "paths": ["/health", "/v1/models"], "interval": 1.0}}
+
+    async def _watch_loop(self) -> None:
+        backoff = BACKOFF_START_S
+        while not self._closing:
+            try:
+                session = await self.connect()
+                async for event in stream_agent(session, launcher.agent_target(self.profile),
+                                                "watch", self._watch_spec()):
+                    if backoff != BACKOFF_START_S:
+                        self._emit([LinkRestored(session.host)])
+                        backoff = BACKOFF_START_S
+                    self._dispatch(event)
+                reason = "the agent ended"
+            except SessionError as exc:
+                reason = str(exc)
+            except OSError as exc:
+                reason = f"{self.profile.host.target}: {exc}"
+            if self._closing:
+                return
+            self._emit([LinkLost(self.profile.host.target, reason, backoff)])
+            await self._drop_session()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    async def _drop_session(self) -> None:
+        if self.session is not None:
+            with contextlib.suppress(Exception):
+                await self.session.close()
+            self.session = None
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            self._emit(self.machine.tick(self.clock()))
+
+    def _dispatch(self, event: Any) -> None:
+        now = self.clock()
+        m = self.machine
+        if isinstance(event, LogChunk):
+            self._emit(m.feed_lines(self._lines(event), now))
+        elif isinstance(event, ProcExit):
+            self._emit(m.feed_exit(event, now))
+        elif isinstance(event, Procs):
+            m.feed_procs(event)
+            self._emit([ProcsSeen(event)])
+        elif isinstance(event, Gpus):
+            m.feed_gpus(event, now)
+            self._emit([GpusSeen(event)])
+        elif isinstance(event, Health):
+            self._emit(m.feed_health(event, now))
+        elif isinstance(event, RunExit):
+            self._emit(m.feed_run_exit(event, now))
+        elif isinstance(event, Hello):
+            self._emit([AgentHello(event)])
+            if not event.nvml_ok:
+                self._emit([Notice(f"{event.host}: no GPU data — {event.nvml_error}", "warning")])
+        elif isinstance(event, AgentFault):
+            self._emit([Notice(f"agent: {event.kind}: {event.message}", "warning")])
+
+    def _lines(self, chunk: LogChunk) -> list[tuple[int, str]]:
+        """Per-line byte offsets; a chunk that starts before what we have is trimmed."""
+        if chunk.end <= self.log_end:
+            return []
+        out: list[tuple[int, str]] = []
+        offset = chunk.off
+        for line in chunk.lines:
+            if offset >= self.log_end:
+                out.append((offset, line))
+            offset += len(line.encode("utf-8", "replace")) + 1
+        self.log_end = chunk.end
+        return out
+
+    # -- control -----------------------------------------------------------------------------
+
+    async def kill(self, grace: float = 10.0) -> Killed:
+        """TERM the group, KILL after the grace, sweep by run id; report what remains."""
+        if self.run is None:
+            raise RunNotFound(f"no run of {self.profile.key} to kill")
+        self._emit(self.machine.killing(self.clock()))
+        steps, killed = await launcher.kill(await self.connect(), self.profile,
+                                            self.run.run_dir, grace)
+        self.last_kill_steps = steps
+        self._emit([KillProgress(step) for step in steps])
+        self._emit([KillDone(killed), *self.machine.stopped(self.clock())])
+        return killed
+
+    async def restart(self, grace: float = 10.0, skip_preflight: bool = False) -> RunInfo:
+        """Kill, verify, and relaunch as a new run with a fresh machine and timeline."""
+        if self.run is not None:
+            await self.kill(grace)
+        for task in self._tasks:
+            task.cancel()
+        self._tasks = []
+        self.machine = self._new_machine()
+        return await self.launch(skip_preflight)
