@@ -464,23 +464,25 @@ def write_gpu_state(state: Path, holders: dict[int, tuple[int, int]]) -> None:
 
 
 @needs_fakenvml
-def test_watch_gpus_with_fake_nvml(tmp_path: Path, runs) -> None:
+def test_watch_gpus_with_fake_nvml_appearing_late(tmp_path: Path, runs) -> None:
     state = tmp_path / "gpus"
     run_dir, launched = runs(SLEEPER)
-    write_gpu_state(state, {launched["pid"]: (3, 5 * 2**30)})
     env = agent_env(str(FAKENVML), SPECCONSOLE_SIM_GPU_STATE=str(state))
     agent = Agent("watch", watch_spec(run_dir), env=env)
     try:
-        _, hello = agent.next("hello")
-        assert hello["nvml"] == {"ok": True, "error": None} and hello["gpu_count"] == 8
-        assert hello["pynvml"] == "sim"
-        _, gpus = agent.next("gpus")
+        _, hello = agent.next("hello")  # no devices.json yet: like a driver not loaded
+        assert hello["nvml"]["ok"] is False and "Driver Not Loaded" in hello["nvml"]["error"]
+        assert hello["pynvml"] == "sim" and hello["gpu_count"] == 0
+        write_gpu_state(state, {launched["pid"]: (3, 5 * 2**30)})
+        _, gpus = agent.next("gpus", timeout=5)  # init is retried every 2 s
         assert [g["index"] for g in gpus["gpus"]] == list(range(8))
         g3 = gpus["gpus"][3]
         assert g3["procs"] == [{"pid": launched["pid"], "mem": 5 * 2**30}]
         assert g3["mem_used"] == 5 * 2**30 and g3["mem_total"] == 141 * 2**30
         assert g3["util"] == 40 and g3["name"] == "NVIDIA H200 (simulated)"
         assert gpus["gpus"][0]["procs"] == [] and gpus["gpus"][0]["mem_used"] == 0
+        os.kill(launched["pid"], signal.SIGKILL)  # a dead holder frees its memory
+        agent.next("gpus", lambda m: m["gpus"][3]["procs"] == [])
     finally:
         assert agent.close() == 0
 

@@ -236,7 +236,7 @@ def _print_checks(checks: Sequence[Any]) -> None:
 def cmd_explain(args: argparse.Namespace) -> int:
     path = Path(args.logfile)
     try:
-        with path.open(encoding="utf-8", errors="replace", newline="") as fh:
+        with path.open(encoding="utf-8", errors="replace", newline="\n") as fh:
             result = explain((line.rstrip("\r\n") for line in fh), engine=args.engine)
     except OSError as exc:
         _err(f"{path}: {exc.strerror}")

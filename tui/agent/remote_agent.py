@@ -506,16 +506,25 @@ class Gpus:
             return
         self.nv = pynvml
         self.version = getattr(pynvml, "__version__", None) or _dist_version("nvidia-ml-py")
+        self.init()
+
+    def init(self) -> bool:
+        """nvmlInit; watch retries it now and then (a simulated host creates its GPUs late)."""
+        if self.ok or self.nv is None:
+            return self.ok
+        nv = self.nv
         try:
-            pynvml.nvmlInit()
-            count = pynvml.nvmlDeviceGetCount()
-            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            nv.nvmlInit()
+            count = nv.nvmlDeviceGetCount()
+            self.handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         except Exception as exc:
             self.error = f"NVML unavailable: {exc}"
-            return
-        self.names = [self._na(pynvml.nvmlDeviceGetName, h) for h in self.handles]
-        self.names = [n.decode() if isinstance(n, bytes) else n for n in self.names]
+            self.handles = []
+            return False
+        names = [self._na(nv.nvmlDeviceGetName, h) for h in self.handles]
+        self.names = [n.decode() if isinstance(n, bytes) else n for n in names]
         self.ok = True
+        return True
 
     @staticmethod
     def _na(fn, *args):
@@ -586,14 +595,17 @@ class LogTail:
         self.offset = max(0, offset)
         self.partial = b""
         self.fd: int | None = None
+        self.size = -1
 
-    def pump(self, final: bool = False) -> None:
+    def pump(self, final: bool = False) -> bool:
+        """Send what is new; True when the file changed since the last look."""
         if self.fd is None:
             try:
                 self.fd = os.open(self.path, os.O_RDONLY)
             except OSError:
-                return
+                return False
         size = os.fstat(self.fd).st_size
+        grew, self.size = size != self.size, size
         if size < self.offset + len(self.partial):
             emit("error", kind="log_truncated",
                  message=f"{self.path} shrank to {size} bytes; reading from 0")
@@ -605,7 +617,7 @@ class LogTail:
                 self.partial += os.pread(self.fd, want, pos)
             data = self.partial
             if not data:
-                return
+                return grew
             cut = data.rfind(b"\n") + 1
             if cut == 0:
                 if len(data) >= CHUNK:
@@ -613,10 +625,11 @@ class LogTail:
                 elif final and self.offset + len(data) >= size:
                     cut = len(data)
                 else:
-                    return
+                    return grew
             self._send(data[:cut])
             self.offset += cut
             self.partial = data[cut:]
+        return True  # more may be waiting: come back soon
 
     def _send(self, data: bytes) -> None:
         lines = data.split(b"\n")
@@ -701,7 +714,7 @@ def cmd_launch(spec: dict) -> int:
         raise SpecError("spec 'env' must map strings to strings")
     secrets = _str_list(spec, "redact")
     cwd = _get(spec, "cwd", str, None)
-    cwd = os.path.expanduser(cwd) if cwd else os.getcwd()
+    cwd = os.path.abspath(os.path.expanduser(cwd)) if cwd else os.getcwd()
     runs_dir = os.path.expanduser(_get(spec, "runs_dir", str))
     os.makedirs(runs_dir, mode=0o700, exist_ok=True)
     run_dir = os.path.abspath(os.path.join(runs_dir, run_id))
@@ -813,15 +826,15 @@ def cmd_watch(spec: dict) -> int:
         paths = [p for p in health_spec.get("paths") or ["/health"] if isinstance(p, str)]
         health = Health(health_spec["port"], paths, float(health_spec.get("interval", 1.0)))
         health.start()
-    Watcher(run, use_pidfd, LogTail(run.log, log_offset), gpus if gpus.ok else None, secrets,
-            health, (procs_every, gpus_every, max(0.005, log_every))).loop()
+    Watcher(run, use_pidfd, LogTail(run.log, log_offset), gpus, secrets, health,
+            (procs_every, gpus_every, max(0.005, log_every))).loop()
     return 0
 
 
 class Watcher:
     """One thread, one poll(): stdin, the pidfds, and timers for log, procs, gpus."""
 
-    def __init__(self, run: Run, use_pidfd: bool, tail: LogTail, gpus: Gpus | None,
+    def __init__(self, run: Run, use_pidfd: bool, tail: LogTail, gpus: Gpus,
                  secrets: list[str], health: Health | None, intervals: tuple) -> None:
         self.run, self.tail, self.gpus, self.secrets, self.health = run, tail, gpus, secrets, health
         self.procs_every, self.gpus_every, self.log_every = intervals
@@ -829,13 +842,15 @@ class Watcher:
         self.stdin = sys.stdin.fileno()
         self.tracker.poller.register(self.stdin, select.POLLIN | select.POLLHUP)
         self.run_exited = False
+        self.exit_due = False  # the top died: look for exit.json every tick, not every second
         self.finished = False
 
     def loop(self) -> None:
         now = time.monotonic()
         next_log = next_procs = next_gpus = now
+        idle = 0
         while True:
-            due = min(next_log, next_procs, next_gpus if self.gpus else next_log)
+            due = min(next_log, next_procs, next_gpus if self.gpus.nv is not None else next_log)
             timeout = max(0.0, due - time.monotonic())
             for fd, _ in self.tracker.poller.poll(timeout * 1000):
                 if fd == self.stdin:
@@ -850,12 +865,20 @@ class Watcher:
             if now >= next_procs:
                 next_procs = now + self.procs_every
                 self._procs()
+                self._check_exit()
             if now >= next_log:
-                next_log = now + self.log_every
-                self._log_and_exit()
-            if self.gpus is not None and now >= next_gpus:
-                next_gpus = now + self.gpus_every
-                emit("gpus", time=time.time(), gpus=self.gpus.sample())
+                if self.exit_due:
+                    self._check_exit()
+                # a quiet log is looked at less often (up to 8x, at most 0.5 s): wakeups are
+                # most of an idle agent's cost; deaths come from pidfds and pump the log too
+                idle = 0 if self._tail() or self.exit_due else min(idle + 1, 3)
+                next_log = now + min(self.log_every * 2**idle, max(self.log_every, 0.5))
+            if self.gpus.nv is not None and now >= next_gpus:
+                if self.gpus.init():
+                    next_gpus = now + self.gpus_every
+                    emit("gpus", time=time.time(), gpus=self.gpus.sample())
+                else:
+                    next_gpus = now + max(self.gpus_every, 2.0)
 
     def _read_stdin(self) -> bool:
         try:
@@ -865,7 +888,16 @@ class Watcher:
 
     def _died(self, proc: Proc) -> None:
         self.tail.pump()  # the dying process's last lines (its traceback) come before its exit
-        emit("exit", **self.tracker.mark_dead(proc))
+        event = self.tracker.mark_dead(proc)
+        self.exit_due = self.exit_due or proc.top
+        if proc.top and event["code"] is None and event["signal"] is None:
+            # the monitor reaped it before we read its stat: exit.json follows within ms
+            deadline = time.monotonic() + 0.05
+            while (info := self.run.exit_info()) is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+            if info is not None:
+                event["code"], event["signal"] = info.get("code"), info.get("signal")
+        emit("exit", **event)
 
     def _procs(self) -> None:
         if self.tracker.run.top_pid is None:
@@ -876,22 +908,26 @@ class Watcher:
         emit("procs", time=time.time(), procs=self.tracker.snapshot(time.monotonic(),
                                                                     self.secrets))
 
-    def _log_and_exit(self) -> None:
-        if not self.run_exited:
-            info = self.run.exit_info()
-            if info is not None:
-                self.run_exited = True
-                self.tail.pump()
-                emit("run_exit", pid=info.get("pid"), code=info.get("code"),
-                     signal=info.get("signal"), time=info.get("time"))
+    def _check_exit(self) -> None:
+        """run_exit once exit.json exists (the monitor writes it after reaping the top)."""
+        if self.run_exited:
+            return
+        info = self.run.exit_info()
+        if info is not None:
+            self.run_exited = True
+            self.exit_due = False
+            self.tail.pump()
+            emit("run_exit", pid=info.get("pid"), code=info.get("code"),
+                 signal=info.get("signal"), time=info.get("time"))
+
+    def _tail(self) -> bool:
         if self.run_exited and not self.tracker.alive():
             if not self.finished:
                 self.finished = True
                 if self.health is not None:
                     self.health.stop.set()
-            self.tail.pump(final=True)
-        else:
-            self.tail.pump()
+            return self.tail.pump(final=True)
+        return self.tail.pump()
 
 
 # ----------------------------------------------------------------------------- kill

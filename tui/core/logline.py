@@ -16,18 +16,23 @@ from dataclasses import dataclass, fields, make_dataclass
 
 # -- escapes ----------------------------------------------------------------------------------
 
-_ESCAPES = (
-    r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC: window title, OSC 52 clipboard, hyperlinks
-    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"  # DCS / SOS / PM / APC strings
-    r"|\x1b\[[0-?]*[ -/]*[@-~]?"  # CSI: cursor moves, screen clear, SGR (kept by keep_colours)
-    r"|\x1b[ -/]*[0-~]?"  # any other ESC sequence, or a lone ESC
-    r"|\x9d[^\x07\x9c]*[\x07\x9c]?"  # 8-bit OSC
+# Two passes because one alternation of every form is tried at every character (slow): sequences
+# that start with ESC have a literal first character the regex engine scans for quickly.
+_ESC_FORMS = (
+    r"\][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"  # OSC: window title, OSC 52 clipboard, links
+    r"|[PX^_][^\x1b\x9c]*(?:\x1b\\|\x9c)?"  # DCS / SOS / PM / APC strings
+    r"|\[[0-?]*[ -/]*[@-~]?"  # CSI: cursor moves, screen clear, SGR
+    r"|[ -/]*[0-~]?"  # any other ESC sequence, or a lone ESC
+)
+_ESC_RE = re.compile(r"\x1b(?:" + _ESC_FORMS + ")")
+_ESC_BUT_SGR_RE = re.compile(r"\x1b(?!\[[0-9;:]*m)(?:" + _ESC_FORMS + ")")
+_C1_FORMS = (
+    r"\x9d[^\x07\x9c]*[\x07\x9c]?"  # 8-bit OSC
     r"|[\x90\x98\x9e\x9f][^\x9c]*\x9c?"  # 8-bit string controls
     r"|\x9b[0-?]*[ -/]*[@-~]?"  # 8-bit CSI
-    r"|[\x00-\x08\x0a-\x1f\x7f-\x9f]"  # what is left of C0 (tab survives), DEL, C1
 )
-_ESCAPE_RE = re.compile(_ESCAPES)
-_KEEP_SGR_RE = re.compile(r"(\x1b\[[0-9;:]*m)|" + _ESCAPES)
+_CONTROL_RE = re.compile(_C1_FORMS + r"|[\x00-\x08\x0a-\x1f\x7f-\x9f]")  # tab survives
+_CONTROL_BUT_ESC_RE = re.compile(_C1_FORMS + r"|[\x00-\x08\x0a-\x1a\x1c-\x1f\x7f-\x9f]")
 # rsyslog writes control characters as `#ooo` (octal): `#033` is ESC, `#015` CR.
 _SYSLOG_RE = re.compile(r"#(0[0-3][0-7]|177)")
 
@@ -36,18 +41,25 @@ def _decode_syslog(s: str) -> str:
     return _SYSLOG_RE.sub(lambda m: chr(int(m.group(1), 8)), s)
 
 
-def _visible(s: str, clean: re.Pattern[str], repl: str) -> str:
-    """What a terminal leaves on the line: the last non-blank `\\r` segment, cleaned."""
-    if "\r" in s:
-        s = _last_segment(s.split("\r"))[1]
-    return s if s.isprintable() else clean.sub(repl, s)
+def _strip(s: str) -> str:
+    if "\x1b" in s:
+        s = _ESC_RE.sub("", s)
+        if s.isprintable():
+            return s
+    return _CONTROL_RE.sub("", s)
+
+
+def _keep_sgr(s: str) -> str:
+    if "\x1b" in s:
+        s = _ESC_BUT_SGR_RE.sub("", s)
+    return _CONTROL_BUT_ESC_RE.sub("", s)
 
 
 def _last_segment(segs: list[str]) -> tuple[int, str]:
     """Index and text of the last segment with something visible in it ((0, "") if none)."""
     for index in range(len(segs) - 1, -1, -1):
         seg = segs[index]
-        if (seg if seg.isprintable() else _ESCAPE_RE.sub("", seg)).strip():
+        if (seg if seg.isprintable() else _strip(seg)).strip():
             return index, seg
     return 0, ""
 
@@ -57,12 +69,23 @@ def strip_escapes(s: str) -> str:
 
     A `\\r` redraw (tqdm) keeps its last non-blank segment, as a terminal would show it.
     """
-    return _visible(s, _ESCAPE_RE, "")
+    if s.isprintable():
+        return s
+    if "\r" in s:
+        s = _last_segment(s.split("\r"))[1]
+    return _strip(s)
 
 
 def keep_colours(s: str) -> str:
-    """Safe to render: SGR colour sequences kept, every other escape and control removed."""
-    return _visible(s, _KEEP_SGR_RE, r"\1")
+    """Safe to render: SGR colour sequences kept, every other escape and control removed.
+
+    A `\\r` redraw keeps its last non-blank segment, like strip_escapes.
+    """
+    if s.isprintable():
+        return s
+    if "\r" in s:
+        s = _last_segment(s.split("\r"))[1]
+    return _keep_sgr(s)
 
 
 # -- the line ---------------------------------------------------------------------------------
@@ -88,13 +111,6 @@ class LogLine:
 # A frozen dataclass's __init__ pays object.__setattr__ per field (about 3x a plain one). Lines
 # are built as this twin, same slots, then given LogLine's class: frozen from then on.
 _Building = make_dataclass("_Building", [(f.name, f.type) for f in fields(LogLine)], slots=True)
-
-
-def _new_line(offset: int, raw: str, plain: str, proc: str | None, pid: int | None,
-              level: str | None, message: str) -> LogLine:
-    line = _Building(offset, raw, plain, proc, pid, level, message)
-    line.__class__ = LogLine
-    return line  # type: ignore[return-value]
 
 
 # Outer wrappers, peeled in any order: docker compose `svc-1  | `, CI `[2024-09-05T00:38:34Z] `,
@@ -127,6 +143,7 @@ _HEADER_RE = re.compile(
     r"(?: \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? (?:\[?[\w./-]+:\d+\] ?)?|:\s+)"
 )
 _LEVEL_INITIALS = frozenset("DIWEC")
+_PREFIX_COLOUR, _PREFIX_RESET = "\x1b[1;36m(", "\x1b[0;0m"  # 7 + "(", and 6 characters
 
 
 def _peel_wrappers(s: str) -> str:
@@ -187,16 +204,25 @@ def parse_line(raw: str, offset: int = -1) -> LogLine:
     if "#" in s and ("#0" in s or "#177" in s):
         s = _decode_syslog(s)
     carried: tuple[str | None, int | None] = (None, None)
+    if s[:8] == _PREFIX_COLOUR:  # vLLM's own cyan prefix: sliced off, cheaper than a regex
+        k = s.find(_PREFIX_RESET, 8, 200)
+        if k > 0:
+            s = s[7:k] + s[k + 6:]
     if not s.isprintable():
         if "\r" in s:
             s, carried = _tqdm_segment(s)
         else:
-            s = _ESCAPE_RE.sub("", s)
+            s = _strip(s)
     plain = s
     body = _peel_wrappers(s) if s[:1] != "(" else s
     proc: str | None = None
     pid: int | None = None
-    if body[:1] == "(" or " pid=" in body[:100]:
+    j = body.find(") ", 1, 120) if body[:1] == "(" else -1
+    hit = _PREFIX_CACHE.get(body[:j + 1]) if j > 0 else None
+    if hit is not None and body[j + 2:j + 3] != "(":  # the common case: one known prefix
+        proc, pid = hit
+        body = body[j + 2:]
+    elif body[:1] == "(" or " pid=" in body[:100]:
         proc, pid, pos = _prefixes(body)
         if pos:
             body = body[pos:]
@@ -216,7 +242,9 @@ def parse_line(raw: str, offset: int = -1) -> LogLine:
             if level == "WARN":
                 level = "WARNING"
             body = body[m.end():]
-    return _new_line(offset, raw, plain, proc, pid, level, body.rstrip())
+    line = _Building(offset, raw, plain, proc, pid, level, body.rstrip())
+    line.__class__ = LogLine
+    return line  # type: ignore[return-value]
 
 
 def _tqdm_segment(s: str) -> tuple[str, tuple[str | None, int | None]]:
@@ -225,12 +253,12 @@ def _tqdm_segment(s: str) -> tuple[str, tuple[str | None, int | None]]:
     segs = s.split("\r")
     index, chosen = _last_segment(segs)
     if not chosen.isprintable():
-        chosen = _ESCAPE_RE.sub("", chosen)
+        chosen = _strip(chosen)
     if index == 0:
         return chosen, (None, None)
     head = segs[0]
     if not head.isprintable():
-        head = _ESCAPE_RE.sub("", head)
+        head = _strip(head)
     head = _peel_wrappers(head)
     if head[:1] == "(":
         proc, pid, pos = _prefixes(head)

@@ -53,10 +53,10 @@ _BLANK_RE = re.compile(r"\A\s*\Z")
 _BLANK = NoiseRule("blank", "hide", _BLANK_RE, "blank line (tqdm leftover)")
 
 
-# Harmless rules come first: a known error must be labelled even if it also says "deprecated".
 # Not an exception line: a real error that happens to say "deprecated" must stay visible.
 _NOT_EXCEPTION = r"^(?![\w.]+(?:Error|Exception)\b)"
 
+# Harmless rules come first: a known error must be labelled even if it also says "deprecated".
 _VLLM_RULES: tuple[NoiseRule, ...] = (
     _rule("triton-kernels-import", "harmless", "Triton kernels",
           r"Failed to import Triton kernels", "Triton kernels unavailable (harmless)"),

@@ -82,29 +82,30 @@ def _fixed(phase: Phase, progress: float | None = None) -> _Handler:
     return lambda _msg: hit
 
 
-def _detail(phase: Phase, pattern: str, progress: float | None = None) -> _Handler:
-    """The first group of `pattern` (or the groups joined) becomes the detail."""
+def _detail(phase: Phase, pattern: str, progress: float | None = None,
+            fmt: str = "{0}") -> _Handler:
+    """The groups of `pattern`, through `fmt`, become the detail."""
     search = re.compile(pattern).search
 
     def handle(msg: str) -> PhaseHit:
         m = search(msg)
-        detail = (", ".join(g for g in m.groups() if g) or None) if m else None
-        return PhaseHit(phase, progress, None, detail)
+        return PhaseHit(phase, progress, None, fmt.format(*m.groups()) if m else None)
     return handle
 
 
-_TQDM = re.compile(r"(\d+)%.*?(\d+)/(\d+)")
+_TQDM = re.compile(r"(\d+)%(?:.*?(\d+)/(\d+))?")
 
 
 def _bar(phase: Phase, with_shards: bool) -> _Handler:
-    """A tqdm bar: progress from `n/total` (or the percentage when the counts are missing)."""
+    """A tqdm bar: progress from `n/total`, or from the percentage when there are no counts."""
     def handle(msg: str) -> PhaseHit:
         m = _TQDM.search(msg)
         if m is None:
             return PhaseHit(phase)
+        if m.group(3) is None or not int(m.group(3)):
+            return PhaseHit(phase, int(m.group(1)) / 100)
         n, total = int(m.group(2)), int(m.group(3))
-        progress = n / total if total else int(m.group(1)) / 100
-        return PhaseHit(phase, progress, (n, total) if with_shards else None)
+        return PhaseHit(phase, n / total, (n, total) if with_shards else None)
     return handle
 
 
@@ -116,7 +117,7 @@ _BLOCKS = "▄█▀"
 def _banner(msg: str) -> PhaseHit | None:
     """The ASCII-art banner (v0.16+): one line ends `version X`, the next `model   M`."""
     s = msg.lstrip()
-    if s[:1] not in _BLOCKS or not s:
+    if not s or s[0] not in _BLOCKS:
         return None
     v = _BANNER_VERSION.search(s)
     if v is not None:
@@ -167,9 +168,10 @@ _RULES: tuple[tuple[str, str, _Handler], ...] = (
     ("S", "Starting to load model", _detail(Phase.WEIGHTS, r"Starting to load model (.+?)\.*$")),
     ("I", "Initializing model took", _fixed(Phase.WEIGHTS)),
     ("LM", "shards", _bar(Phase.WEIGHTS, with_shards=True)),
-    ("L", "Loading weights took", _detail(Phase.WEIGHTS, r"took ([\d.]+ s)", 1.0)),
+    ("L", "Loading weights took", _detail(Phase.WEIGHTS, r"took ([\d.]+) s", 1.0, "{0} s")),
     ("M", "Model loading took",
-     _detail(Phase.WEIGHTS, r"took ([\d.]+ GiB)(?: memory)? and ([\d.]+) s", 1.0)),
+     _detail(Phase.WEIGHTS, r"took ([\d.]+) GiB(?: memory)? and ([\d.]+) s", 1.0,
+             "{0} GiB in {1} s")),
     ("L", "Loading drafter model", _fixed(Phase.DRAFTER)),
     ("A", "Assuming the EAGLE head", _fixed(Phase.DRAFTER)),
     ("D", "Detected EAGLE model", _fixed(Phase.DRAFTER)),
@@ -189,10 +191,11 @@ _RULES: tuple[tuple[str, str, _Handler], ...] = (
     ("M", "Maximum concurrency", _fixed(Phase.KV_CACHE)),
     ("E", "for KV cache", _fixed(Phase.KV_CACHE)),
     ("#", "GPU blocks", _fixed(Phase.KV_CACHE)),
-    ("i", "init engine", _detail(Phase.KV_CACHE, r"took ([\d.]+) s", 1.0)),
+    ("i", "init engine", _detail(Phase.KV_CACHE, r"took ([\d.]+) s", 1.0, "{0} s")),
     ("C", "Capturing", _graphs),
     ("G", "Graph capturing finished",
-     _detail(Phase.CUDA_GRAPHS, r"finished in (\d+ secs), took ([\d.]+ GiB)", 1.0)),
+     _detail(Phase.CUDA_GRAPHS, r"finished in (\d+) secs, took ([\d.]+) GiB", 1.0,
+             "{0} s, {1} GiB")),
     ("S", "Starting vLLM", _detail(Phase.API_SERVER, r"server(?: \d+)? on (\S+)")),
     ("S", "Supported tasks", _fixed(Phase.API_SERVER)),
     ("A", "Available routes", _fixed(Phase.API_SERVER)),

@@ -37,13 +37,15 @@ _SYMPTOM_RE = re.compile(
     r"|Parent process exited, terminating worker|Received sigquit from a child process"
     r"|[Ee]ngine core (?:proc \S+ )?exited unexpectedly|See root cause above"
 )
+# Every symptom contains one of these.
+_SYMPTOM_NEEDLES = ("ailed", "died", "ncountered", "EngineDead", "xited", "sigquit", "root cause")
 # Exceptions a signal or a shutdown raises: consequences, neither cause nor symptom.
-_CONSEQUENCE_RE = re.compile(r"(?:KeyboardInterrupt|SystemExit|CancelledError)\b")
+_CONSEQUENCE_RE = re.compile(r"(?:[\w.]+\.)?(?:KeyboardInterrupt|SystemExit|CancelledError)\b")
 # The last line of a traceback: `pkg.mod.Name: message`, `Name:` or a bare `Name`.
 _EXCEPTION_RE = re.compile(r"([A-Za-z_][\w.]*)(?::(?: .*)?)?$")
 # An exception named inside an ERROR record that has no traceback.
 _ERROR_EXCEPTION_RE = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b|\bError: |\[Errno \d+\]")
-_FRAME_RE = re.compile(r'\s*File "([^"]+)", line (\d+)')
+_FRAME_RE = re.compile(r'  File "([^"]+)", line (\d+)')
 _HAS_LOCATION_RE = re.compile(r"\(\S.*, line \d+\)$")
 _SYNTAX_ERRORS = ("SyntaxError", "IndentationError", "TabError")
 _PROCESS_HEADER_RE = re.compile(r"Process (\S+):$")
@@ -51,6 +53,9 @@ _TB_START = "(most recent call last):"
 _CHAINING = ("During handling of the above exception", "The above exception was the direct cause")
 
 _IN_FRAMES, _AFTER_EXCEPTION = 0, 1
+# The earliest errors are the ones that matter; a server failing every request for days must not
+# grow the tracker without bound.
+_MAX_CANDIDATES = 256
 
 
 class _Trace:
@@ -128,9 +133,9 @@ class RootCauseTracker:
         if level == "ERROR" or level == "CRITICAL":
             if not self._symptom(line, msg) and _ERROR_EXCEPTION_RE.search(msg) is not None:
                 self._candidate(line, msg.strip(), [msg])
-        elif level == "WARNING" or "xited" in msg or "died" in msg or "sigquit" in msg:
+        elif level is None or level == "WARNING" or "xited" in msg or "died" in msg:
             self._symptom(line, msg)
-        elif key is None:
+        if key is None and level is None:
             # multiprocessing prints `Process EngineCore_DP0:` above a raw traceback: its name.
             m = _PROCESS_HEADER_RE.match(msg) if msg.startswith("Process ") else None
             self._process_header = m.group(1) if m else None
@@ -148,7 +153,7 @@ class RootCauseTracker:
         if trace.state == _IN_FRAMES:
             if not msg or msg[0] == " ":
                 trace.lines.append(msg)
-                if msg.lstrip().startswith('File "'):
+                if msg.startswith('  File "'):
                     m = _FRAME_RE.match(msg)
                     if m is not None:
                         trace.last_frame = (m.group(1), m.group(2))
@@ -171,7 +176,7 @@ class RootCauseTracker:
         return False
 
     def _exception(self, trace: _Trace, line: LogLine, msg: str) -> None:
-        if trace.candidate is not None or self._symptom(line, msg):
+        if self._symptom(line, msg) or trace.candidate is not None:
             return
         if _CONSEQUENCE_RE.match(msg) is not None:
             return
@@ -186,7 +191,8 @@ class RootCauseTracker:
 
     def _candidate(self, line: LogLine, text: str, trace: list[str], proc: str | None = None,
                    pid: int | None = None) -> _Candidate | None:
-        if self._noise is not None and self._noise.match(line) is not None:
+        if len(self._candidates) >= _MAX_CANDIDATES or (
+                self._noise is not None and self._noise.match(line) is not None):
             return None
         cand = _Candidate(text, proc if proc is not None else line.proc,
                           pid if pid is not None else line.pid, line.offset, trace)
@@ -195,6 +201,11 @@ class RootCauseTracker:
         return cand
 
     def _symptom(self, line: LogLine, msg: str) -> bool:
+        for needle in _SYMPTOM_NEEDLES:  # a cheap gate: the regex is slow on long lines
+            if needle in msg:
+                break
+        else:
+            return False
         if _SYMPTOM_RE.search(msg) is None:
             return False
         self._symptoms[msg.strip()] = None

@@ -35,11 +35,12 @@ def sim_gpu_state(profile: Profile) -> str | None:
 
 def agent_target(profile: Profile) -> AgentTarget:
     """The agent's interpreter; a simulated run also gets the fake NVML first on its path."""
-    env: dict[str, str] = {}
-    state = sim_gpu_state(profile)
-    if state is not None:
-        env = {"PYTHONPATH": SIM_NVML_DIR, "SPECCONSOLE_SIM_GPU_STATE": state}
-    return AgentTarget(host_python(profile), env)
+    sim, state = profile.simulate, sim_gpu_state(profile)
+    if sim is None or state is None:
+        return AgentTarget(host_python(profile))
+    return AgentTarget(host_python(profile), {
+        "PYTHONPATH": SIM_NVML_DIR, "SPECCONSOLE_SIM_GPU_STATE": state,
+        "SPECCONSOLE_SIM_GPUS": str(sim.gpus)})
 
 
 @dataclass(frozen=True, slots=True)

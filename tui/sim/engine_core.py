@@ -24,6 +24,8 @@ from tui.sim.simlog import STDERR, SimLog
 
 
 class _Worker:
+    """A spawned worker and what it has said on its status pipe."""
+
     def __init__(self, rank: int, proc: subprocess.Popen[bytes], fd: int) -> None:
         self.rank = rank
         self.proc = proc
@@ -34,6 +36,8 @@ class _Worker:
 
 
 class EngineCore:
+    """The engine core's side of the schedule (see the module docstring)."""
+
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = cfg
         self.spec = lines.Spec.from_json(cfg["spec"]) if cfg["spec"] else None

@@ -108,10 +108,3 @@ ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the 
 WORKER_INIT_FAILED = ("WorkerProc initialization failed due to an exception in a background "
                       "process. See stack trace for root cause.")
 
-
-def raised(exc: BaseException) -> BaseException:
-    """`exc` with a traceback, as if raised here (for printing it like Python does)."""
-    try:
-        raise exc
-    except BaseException as caught:  # noqa: BLE001 - the point is to capture it
-        return caught

@@ -8,8 +8,10 @@ deleted by the reader, so a SIGKILLed worker "releases" its memory like a real o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import time
 from typing import Any
 
 from tui.sim.timeline import DEVICE_NAME, DEVICE_TOTAL
@@ -23,12 +25,19 @@ def state_dir(explicit: str | None = None) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
-def ensure_devices(directory: str, count: int) -> None:
-    """Create `devices.json` unless present (an existing one, maybe another run's, wins)."""
+def ensure_devices(directory: str, count: int) -> int:
+    """Create `devices.json` unless present (an existing one, maybe another run's, wins);
+    returns the device count in effect, so ranks map onto devices that exist."""
     os.makedirs(directory, exist_ok=True)
-    if not os.path.exists(os.path.join(directory, "devices.json")):
+    path = os.path.join(directory, "devices.json")
+    if not os.path.exists(path):
         _write_json(directory, "devices.json",
                     {"count": count, "name": DEVICE_NAME, "total": DEVICE_TOTAL})
+    try:
+        with open(path) as f:
+            return max(1, int(json.load(f)["count"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return count
 
 
 def write_holder(directory: str, gpu: int, used: int, util: int) -> None:
@@ -39,10 +48,20 @@ def write_holder(directory: str, gpu: int, used: int, util: int) -> None:
 
 
 def remove_holder(directory: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(directory, f"holder-{os.getpid()}.json"))
-    except FileNotFoundError:
-        pass
+
+
+def record_death(directory: str, name: str) -> None:
+    """Append this process's name and the moment it dies to deaths.jsonl, just before exiting,
+    so tests and benchmarks measure detection latency from the death itself."""
+    line = json.dumps({"pid": os.getpid(), "name": name, "time": time.time()}) + "\n"
+    fd = os.open(os.path.join(directory, "deaths.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                 0o600)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
 
 
 def _write_json(directory: str, name: str, data: dict[str, Any]) -> None:

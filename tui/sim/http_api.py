@@ -138,7 +138,7 @@ class SimHTTPServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: SimHTTPServer
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         state = self.server.state
         path = self.path.split("?", 1)[0]
         if path == "/health":
@@ -152,7 +152,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._json(404, {"detail": "Not Found"})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         state = self.server.state
         length = int(self.headers.get("Content-Length") or 0)
         try:
@@ -183,5 +183,5 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         """Silenced: http.server would write to stderr, i.e. into the run's log."""

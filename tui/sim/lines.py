@@ -114,7 +114,7 @@ def engine_config(version: str, model: str, spec: Spec | None, tp: int, max_len:
 
 
 def shards_bar(label: str, done: int, total: int, elapsed: float) -> str:
-    """tqdm with vLLM's checkpoint format: `{desc}: {percentage:3.0f}% Completed | n/total [...]`."""
+    """tqdm in vLLM's checkpoint format: `{desc}: {percentage:3.0f}% Completed | n/total [..]`."""
     pct = 100.0 * done / total
     return f"{label}: {pct:3.0f}% Completed | {done}/{total} [{_times(done, total, elapsed)}]"
 

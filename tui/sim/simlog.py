@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import threading
 import traceback
-from collections.abc import Iterable
 
 from tui.sim.runtime import SimClock
 
@@ -32,9 +31,6 @@ class SimLog:
     def info(self, src: str, message: str) -> None:
         self.record("INFO", src, message)
 
-    def warning(self, src: str, message: str) -> None:
-        self.record("WARNING", src, message)
-
     def error(self, src: str, message: str) -> None:
         self.record("ERROR", src, message)
 
@@ -50,7 +46,7 @@ class SimLog:
 
     def exception(self, src: str, message: str, exc: BaseException) -> None:
         """`logger.exception`: the message, then the traceback, each line under the same header."""
-        header = self._header("ERROR", src)
+        header = self.prefix + self._header("ERROR", src)
         with self._lock:
             self._seq += 1
             lines = [f"{header}{message} [sim#{self._seq}]"]
@@ -63,7 +59,7 @@ class SimLog:
         _write(STDERR, "".join(f"{ln}\n" for ln in lines))
 
     def _header(self, level: str, src: str) -> str:
-        return f"{self.prefix}{level} {self.clock.stamp()} [{src}] "
+        return f"{level} {self.clock.stamp()} [{src}] "
 
 
 def _traceback_lines(exc: BaseException) -> list[str]:
@@ -79,7 +75,3 @@ def _write(fd: int, text: str) -> None:
     except OSError:  # the log's reader is gone (EPIPE): the simulation goes on silently
         pass
 
-
-def write_lines(lines: Iterable[str], fd: int = STDERR) -> None:
-    """Raw lines with no prefix and no counter (usage errors before any process is named)."""
-    _write(fd, "".join(f"{ln}\n" for ln in lines))

@@ -9,6 +9,7 @@ while loading weights, or a hang (no more lines, memory frozen, process alive).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sys
@@ -23,6 +24,8 @@ GIB = tl.GIB
 
 
 class Worker:
+    """One rank: the schedule of timeline.py, its GPU holder file, its status pipe."""
+
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = cfg
         self.rank: int = cfg["rank"]
@@ -98,7 +101,7 @@ class Worker:
                 raise failures.cuda_oom(self.gpu, int(self.used * GIB), 3.5)
             self._hold(tl.weights_gib(shard), self.rng.randint(2, 9))
             if self.rank == 0:
-                elapsed = (self.clock.now() - tl.WEIGHTS_START)
+                elapsed = self.clock.now() - tl.WEIGHTS_START
                 self.log.line(lines.shards_bar(label, shard, tl.SHARDS, elapsed),
                               prefixed=False, fd=STDERR)
             if shard == stop:
@@ -197,16 +200,18 @@ class Worker:
         gpu_state.write_holder(self.state_dir, self.gpu, int(used_gib * GIB), util)
 
     def _report(self, message: bytes) -> None:
-        try:
+        with contextlib.suppress(OSError):  # the engine core is gone; PDEATHSIG comes next
             os.write(self.status_fd, message)
-        except OSError:  # the engine core is gone; PDEATHSIG ends this process next
-            pass
 
 
 def main() -> int:
     cfg = runtime.child_config()
     runtime.become(cfg["title"], cfg["parent_pid"])
-    return Worker(cfg).run()
+    worker = Worker(cfg)
+    code = worker.run()
+    if code:
+        gpu_state.record_death(worker.state_dir, f"Worker_TP{worker.rank}")
+    return code
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ memory of a real process, which the driver frees when the process is reaped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -55,24 +56,24 @@ class _Device:
 
 
 @dataclass(frozen=True)
-class c_nvmlMemory_t:  # noqa: N801 - nvidia-ml-py's name
+class c_nvmlMemory_t:
     total: int
     free: int
     used: int
 
 
 @dataclass(frozen=True)
-class c_nvmlUtilization_t:  # noqa: N801
+class c_nvmlUtilization_t:
     gpu: int
     memory: int
 
 
 @dataclass(frozen=True)
-class c_nvmlProcessInfo_t:  # noqa: N801
+class c_nvmlProcessInfo_t:
     pid: int
-    usedGpuMemory: int  # noqa: N815
-    gpuInstanceId: int = _NO_INSTANCE  # noqa: N815
-    computeInstanceId: int = _NO_INSTANCE  # noqa: N815
+    usedGpuMemory: int
+    gpuInstanceId: int = _NO_INSTANCE
+    computeInstanceId: int = _NO_INSTANCE
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,21 @@ class _Holder:
 _state: dict | None = None  # {"dir", "count", "name", "total", "refs"} while initialised
 
 
+def _create_devices_if_asked(directory: str) -> None:
+    """SPECCONSOLE_SIM_GPUS=N makes the simulated machine have N GPUs before any engine ran
+    (the agent's preflight asks NVML before the first launch)."""
+    count = os.environ.get("SPECCONSOLE_SIM_GPUS")
+    path = os.path.join(directory, "devices.json")
+    if not count or os.path.exists(path):
+        return
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"count": int(count), "name": "NVIDIA H200 (simulated)",
+                   "total": 143771 * 1024 * 1024}, f)
+    os.replace(tmp, path)
+
+
 def nvmlInit() -> None:
     global _state
     if _state is not None:
@@ -94,6 +110,7 @@ def nvmlInit() -> None:
     directory = os.path.abspath(os.path.expanduser(
         os.environ.get("SPECCONSOLE_SIM_GPU_STATE") or "~/.specconsole/sim-gpus"))
     try:
+        _create_devices_if_asked(directory)
         with open(os.path.join(directory, "devices.json")) as f:
             devices = json.load(f)
         count, name, total = int(devices["count"]), str(devices["name"]), int(devices["total"])
@@ -183,10 +200,8 @@ def _holders(handle: _Device) -> list[_Holder]:
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if not _alive(holder.pid):
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(path)
-            except OSError:
-                pass
         elif holder.gpu == handle.index:
             found.append(holder)
     return sorted(found, key=lambda h: h.pid)

@@ -1,0 +1,151 @@
+"""End to end: the `specconsole` command against the simulated engine, locally and over SSH.
+
+Real processes, real signals, a real SSH server (asyncssh, in-process) that executes what it
+receives. The simulated worker writes the moment of its death, so latency is measured from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from e2e_profiles import sim_profile
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60
+         ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tui", *args], cwd=ROOT, text=True,
+                          capture_output=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+async def _acli(*args: str, env: dict[str, str], timeout: float = 60
+                ) -> subprocess.CompletedProcess[str]:
+    """The CLI as a subprocess while this event loop keeps serving the in-process SSH server."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tui", *args, cwd=ROOT, env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    return subprocess.CompletedProcess(list(args), proc.returncode or 0, out.decode(),
+                                       err.decode())
+
+
+def _procs_of(run_id: str) -> list[int]:
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("SPECCONSOLE_RUN_ID") == run_id:
+                found.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _run_id(stdout: str) -> str:
+    for line in stdout.splitlines():
+        if " run " in line:
+            return line.split(" run ", 1)[1].split()[0]
+    raise AssertionError(f"no run id in {stdout!r}")
+
+
+def _first_death(gpu_dir: Path) -> dict[str, float]:
+    deaths = [json.loads(line) for line in (gpu_dir / "deaths.jsonl").read_text().splitlines()]
+    return min(deaths, key=lambda d: d["time"])
+
+
+@pytest.fixture
+def cleanup():
+    """Kill whatever a test's runs left, whatever happened."""
+    run_ids: list[str] = []
+    yield run_ids
+    for run_id in run_ids:
+        for pid in _procs_of(run_id):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+
+
+def test_help_lists_every_subcommand_in_one_line_each() -> None:
+    out = _cli("--help").stdout
+    for sub in ("launch", "wait", "status", "kill", "logs", "check", "explain", "demo"):
+        assert any(line.strip().startswith(sub + " ") for line in out.splitlines()), sub
+
+
+def test_demo_profile_reaches_ready_then_kill_leaves_nothing(tmp_path: Path, cleanup) -> None:
+    profile = sim_profile(tmp_path, "ready", time_scale=300)
+    result = _cli("wait", str(profile), "--launch", "--timeout", "60s")
+    run_id = _run_id(result.stdout)
+    cleanup.append(run_id)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "READY after" in result.stdout
+    phases = [line.split("phase: ", 1)[1].split(" (at")[0] for line in result.stdout.splitlines()
+              if "phase: " in line]
+    assert phases[:3] == ["launching", "reading config", "loading weights"]
+    assert _procs_of(run_id), "the server must outlive the `wait` command"
+    status = _cli("status", str(profile))
+    assert run_id in status.stdout and "alive" in status.stdout
+    killed = _cli("kill", str(profile), "--grace", "5")
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    assert "no process of the run remains" in killed.stdout
+    assert "GPU memory released" in killed.stdout
+    assert _procs_of(run_id) == []
+
+
+def test_wait_on_a_running_profile_attaches_instead_of_launching(tmp_path: Path,
+                                                                 cleanup) -> None:
+    profile = sim_profile(tmp_path, "ready", time_scale=60)
+    launched = _cli("launch", str(profile))
+    assert launched.returncode == 0, launched.stderr
+    run_id = _run_id(launched.stdout)
+    cleanup.append(run_id)
+    attached = _cli("wait", str(profile), "--timeout", "3s", "--json")
+    first = json.loads(attached.stdout.splitlines()[0])
+    assert first["attached"] is True and first["run_id"] == run_id
+    assert attached.returncode == 4  # timeout: a 25-minute load at ×60 is not ready in 3 s
+    assert len(list((tmp_path / "runs").iterdir())) == 1
+
+
+async def test_story_over_ssh_dead_within_2s_with_the_syntax_error(tmp_path: Path,
+                                                                   ssh_server, cleanup) -> None:
+    profile = sim_profile(tmp_path, "syntax-error", target=ssh_server.alias, time_scale=75)
+    result = await _acli("wait", str(profile), "--launch", "--timeout", "60s", env=ssh_server.env)
+    ended = time.time()
+    assert result.returncode == 3, result.stdout + result.stderr
+    cleanup.append(_run_id(result.stdout))
+    death = _first_death(tmp_path / "gpus")
+    assert ended - death["time"] < 2.0
+    dead_line = next(line for line in result.stdout.splitlines() if "DEAD:" in line)
+    assert "Worker_TP" in dead_line and "exit code 1" in dead_line
+    cause = next(line for line in result.stdout.splitlines() if "root cause" in line)
+    assert "SyntaxError" in cause and ".py, line " in cause
+    assert "Engine core initialization failed" not in cause
+    assert "Triton" not in cause
+
+
+def test_bad_profile_is_one_line_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[host]\ntarget = "local"\n[server]\nengine = "vllm"\nmodel = "m"\n'
+                   "tensor_paralel_size = 8\n")
+    result = _cli("wait", str(bad), "--launch")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "bad.toml:6" in result.stderr and "tensor_parallel_size" in result.stderr
+
+
+async def test_unknown_ssh_host_key_is_refused_with_the_fix(tmp_path: Path,
+                                                            ssh_server) -> None:
+    Path(ssh_server.known_hosts).write_text("")
+    profile = sim_profile(tmp_path, "ready", target=ssh_server.alias)
+    result = await _acli("wait", str(profile), "--launch", env=ssh_server.env)
+    assert result.returncode == 1
+    assert "host key unknown" in result.stderr and "ssh-keyscan" in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr

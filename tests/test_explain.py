@@ -1,0 +1,143 @@
+"""Post-mortem of whole logs: outcome, furthest phase, root cause, what the noise rules hid."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tui.core.explain import explain
+from tui.core.noise import rule_from_pattern
+from tui.core.phases import Phase
+
+FIXTURES = Path(__file__).parent / "fixtures"
+KIMI = "/root/.cache/huggingface/modules/transformers_modules/moonshotai/Kimi-K2.5/kimi_k25.py"
+HEARTBEAT = ("(EngineCore_DP0 pid=2903) INFO 09-30 14:20:41 [shm_broadcast.py:466] No available "
+             "shared memory broadcast block found in 60 seconds. This typically happens when some "
+             "processes are hanging or doing some time-consuming work (e.g. compilation, "
+             "weight/kv cache quantization).")
+
+
+def fixture(name: str) -> list[str]:
+    # split on "\n" only: tqdm's "\r" redraws are part of their line
+    return (FIXTURES / name).read_bytes().decode().split("\n")[:-1]
+
+
+READY = fixture("vllm-startup-ready.log")
+CRASH = fixture("vllm-crash-syntaxerror.log")
+
+
+def test_eagle3_tp8_startup_is_ready() -> None:
+    result = explain(READY)
+    assert result.outcome == "ready"
+    assert result.last_phase is Phase.SERVING
+    assert result.root_cause is None and result.symptoms == ()
+    assert result.hidden == {"future-warning": 10, "mq-handle": 1, "deprecated": 1, "blank": 1}
+
+
+def test_the_story_crash() -> None:
+    result = explain(CRASH)
+    assert result.outcome == "crashed"
+    assert result.last_phase is Phase.CONFIG
+    assert result.root_cause is not None
+    assert result.root_cause.line == f"SyntaxError: invalid syntax ({KIMI}, line 12)"
+    assert result.root_cause.process == "EngineCore_DP0"
+    assert result.symptoms == (
+        "EngineCore failed to start.",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core "
+        "proc(s): {'EngineCore_DP0': 1}",
+    )
+    assert result.hidden["syntax-warning-escape"] == 1
+    assert result.hidden["syntax-warning-escape-source"] == 1
+    assert result.hidden["destroy-process-group"] == 1
+    assert "triton-kernels-import" not in result.hidden  # harmless is shown, not hidden
+
+
+def test_to_json_schema() -> None:
+    data = explain(CRASH).to_json()
+    assert list(data) == ["outcome", "last_phase", "root_cause", "symptoms", "hidden"]
+    assert data["outcome"] == "crashed" and data["last_phase"] == "config"
+    assert data["root_cause"] == {"line": f"SyntaxError: invalid syntax ({KIMI}, line 12)",
+                                  "process": "EngineCore_DP0"}
+    assert json.loads(json.dumps(data)) == data
+    assert explain(READY).to_json()["root_cause"] is None
+    assert explain([]).to_json() == {"outcome": "unknown", "last_phase": None, "root_cause": None,
+                                     "symptoms": [], "hidden": {}}
+
+
+WRAPPERS: list[Callable[[str], str]] = [
+    lambda s: f"vllm-1  | {s}",
+    lambda s: f"2026-03-02T09:14:33.123456789Z {s}",
+    lambda s: f"[2026-03-02T09:14:33Z] {s}",
+    lambda s: f"09:14:33 [INFO] [inf-job] [INFERENCE LOG] {s}",
+    lambda s: f"Mar  2 09:14:33 gpu-7 vllm[88]: {s}#015",
+]
+
+
+@pytest.mark.parametrize("wrap", WRAPPERS)
+@pytest.mark.parametrize("name", ["vllm-startup-ready.log", "vllm-crash-syntaxerror.log"])
+def test_wrapped_logs_explain_the_same(wrap: Callable[[str], str], name: str) -> None:
+    lines = fixture(name)
+    assert explain(wrap(s) for s in lines).to_json() == explain(lines).to_json()
+
+
+@pytest.mark.parametrize(("cut_after", "phase"), [
+    ("Loading safetensors checkpoint shards", Phase.WEIGHTS),
+    ("Dynamo bytecode transform time", Phase.COMPILE),
+    ("GPU KV cache size", Phase.KV_CACHE),
+])
+def test_a_log_that_stops_mid_phase(cut_after: str, phase: Phase) -> None:
+    end = next(i for i, s in enumerate(READY) if cut_after in s) + 1
+    unknown = explain(READY[:end])
+    assert (unknown.outcome, unknown.last_phase) == ("unknown", phase)
+    hung = explain([*READY[:end], HEARTBEAT, HEARTBEAT])
+    assert (hung.outcome, hung.last_phase) == ("hung", phase)
+
+
+def test_ready_then_port_bind_failure_is_a_crash() -> None:
+    result = explain([*READY[:READY.index(next(s for s in READY if "startup complete" in s)) + 1],
+                      "(APIServer pid=2741) ERROR:    [Errno 98] error while attempting to bind on "
+                      "address ('0.0.0.0', 8000): address already in use"])
+    assert result.outcome == "crashed"
+    assert result.root_cause is not None and "[Errno 98]" in result.root_cause.line
+
+
+def test_engine_death_while_serving() -> None:
+    result = explain([*READY,
+                      "(APIServer pid=2741) ERROR 09-30 14:09:00 [core_client.py:564] Engine core "
+                      "proc EngineCore_DP0 died unexpectedly, shutting down client.",
+                      "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an "
+                      "issue. See stack trace (above) for the root cause."])
+    assert result.outcome == "crashed" and result.last_phase is Phase.SERVING
+    assert result.root_cause is None and len(result.symptoms) == 2
+
+
+def test_serving_survives_a_request_error() -> None:
+    stats = next(s for s in READY if "Avg prompt throughput" in s)
+    result = explain([*READY, "(APIServer pid=2741) ERROR 09-30 14:06:00 [serving_chat.py:1] "
+                      "ValueError: prompt too long", stats])
+    assert result.outcome == "ready" and result.root_cause is None
+
+
+def test_a_warning_traceback_during_load_is_not_a_crash() -> None:
+    end = next(i for i, s in enumerate(READY) if "Starting to load model" in s)
+    warning = ["(Worker_TP0 pid=3011) WARNING 09-30 14:02:42 [dynamic_module.py:51] Traceback "
+               "(most recent call last):",
+               "(Worker_TP0 pid=3011) WARNING 09-30 14:02:42 [dynamic_module.py:51]   File "
+               "\"/x.py\", line 1, in <module>",
+               "(Worker_TP0 pid=3011) WARNING 09-30 14:02:42 [dynamic_module.py:51] "
+               "ImportError: optional thing missing"]
+    result = explain([*READY[:end], *warning, *READY[end:]])
+    assert result.outcome == "ready"
+    cut = explain([*READY[:end], *warning])
+    assert cut.outcome == "crashed" and cut.root_cause is not None
+    assert cut.root_cause.line == "ImportError: optional thing missing"
+
+
+def test_extra_rules_count_in_hidden_and_come_first() -> None:
+    rules = [rule_from_pattern("hide:routes", "hide", r"^Route: ", "route list")]
+    result = explain(READY, extra_rules=rules)
+    assert result.hidden["hide:routes"] == 7
+    assert result.outcome == "ready"
