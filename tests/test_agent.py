@@ -321,13 +321,20 @@ time.sleep(60)
 """
 
 
-def test_watch_tree_zombie_and_grandchild_kill_latency(runs) -> None:
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "no-pidfd"])
+def test_watch_tree_zombie_and_grandchild_kill_latency(tmp_path: Path, runs, pidfd) -> None:
     run_dir, launched = runs(TREE)
     top = launched["pid"]
-    agent = Agent("watch", watch_spec(run_dir))
+    env = None
+    if not pidfd:  # an interpreter or kernel without pidfd_open: the polling fallback
+        site = tmp_path / "nopidfd"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text("import os\ndel os.pidfd_open\n")
+        env = agent_env(str(site))
+    agent = Agent("watch", watch_spec(run_dir), env=env)
     try:
         _, hello = agent.next("hello")
-        assert hello["pidfd"] is True and hello["psutil"] and hello["python"]
+        assert hello["pidfd"] is pidfd and hello["psutil"] and hello["python"]
         _, procs = agent.next("procs", lambda m: any(
             p["name"] == "Worker_TP3" and p["alive"] for p in m["procs"]) and len(m["procs"]) >= 4)
         by_name = {p["name"]: p for p in procs["procs"]}
@@ -350,6 +357,28 @@ def test_watch_tree_zombie_and_grandchild_kill_latency(runs) -> None:
         assert stamp - t0 < 0.1, f"exit event after {stamp - t0:.3f}s"
         assert gexit["signal"] == 9 and gexit["name"] == "Worker_TP3"
         assert agent.first("log", lambda m: "tree up" in m["lines"])["off"] == 0
+    finally:
+        assert agent.close() == 0
+
+
+SHORT_LIVED = r"""
+import subprocess, sys, time
+G = ("import subprocess, sys; subprocess.run(['VLLM::Worker_TP5', '-c', "
+     "'import sys, time; time.sleep(0.3); sys.exit(3)'], executable=sys.executable)")
+subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(0.3); exec(%r)' % G])
+for i in range(100):
+    print('loading', i, flush=True)
+    time.sleep(0.05)
+"""
+
+
+def test_short_lived_grandchild_is_seen_and_its_death_reported(runs) -> None:
+    """A worker dying of a broken import lives far less than procs_interval: still reported."""
+    run_dir, _ = runs(SHORT_LIVED)
+    agent = Agent("watch", watch_spec(run_dir, procs_interval=5.0, log_interval=0.05))
+    try:
+        _, died = agent.next("exit", lambda m: m["name"] == "Worker_TP5")
+        assert died["top"] is False
     finally:
         assert agent.close() == 0
 

@@ -80,24 +80,53 @@ def test_help_lists_every_subcommand_in_one_line_each() -> None:
         assert any(line.strip().startswith(sub + " ") for line in out.splitlines()), sub
 
 
-def test_demo_profile_reaches_ready_then_kill_leaves_nothing(tmp_path: Path, cleanup) -> None:
-    profile = sim_profile(tmp_path, "ready", time_scale=300)
-    result = _cli("wait", str(profile), "--launch", "--timeout", "60s")
-    run_id = _run_id(result.stdout)
-    cleanup.append(run_id)
+def _assert_ready_then_killed(profile: Path, result: subprocess.CompletedProcess[str],
+                              status: subprocess.CompletedProcess[str],
+                              killed: subprocess.CompletedProcess[str], run_id: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "READY after" in result.stdout
     phases = [line.split("phase: ", 1)[1].split(" (at")[0] for line in result.stdout.splitlines()
               if "phase: " in line]
     assert phases[:3] == ["launching", "reading config", "loading weights"]
-    assert _procs_of(run_id), "the server must outlive the `wait` command"
-    status = _cli("status", str(profile))
     assert run_id in status.stdout and "alive" in status.stdout
-    killed = _cli("kill", str(profile), "--grace", "5")
     assert killed.returncode == 0, killed.stdout + killed.stderr
     assert "no process of the run remains" in killed.stdout
     assert "GPU memory released" in killed.stdout
     assert _procs_of(run_id) == []
+
+
+def test_demo_profile_reaches_ready_then_kill_leaves_nothing(tmp_path: Path, cleanup) -> None:
+    profile = sim_profile(tmp_path, "ready", time_scale=300)
+    result = _cli("wait", str(profile), "--launch", "--timeout", "60s")
+    run_id = _run_id(result.stdout)
+    cleanup.append(run_id)
+    assert _procs_of(run_id), "the server must outlive the `wait` command"
+    status = _cli("status", str(profile))
+    killed = _cli("kill", str(profile), "--grace", "5")
+    _assert_ready_then_killed(profile, result, status, killed, run_id)
+
+
+async def test_ready_over_ssh_then_kill_leaves_nothing(tmp_path: Path, ssh_server,
+                                                      cleanup) -> None:
+    profile = sim_profile(tmp_path, "ready", target=ssh_server.alias, time_scale=300)
+    result = await _acli("wait", str(profile), "--launch", "--timeout", "60s",
+                         env=ssh_server.env)
+    run_id = _run_id(result.stdout)
+    cleanup.append(run_id)
+    assert _procs_of(run_id), "the server must outlive the SSH session"
+    status = await _acli("status", str(profile), env=ssh_server.env)
+    killed = await _acli("kill", str(profile), "--grace", "5", env=ssh_server.env)
+    _assert_ready_then_killed(profile, result, status, killed, run_id)
+
+
+def test_missing_remote_python_is_one_line_with_the_fix(tmp_path: Path) -> None:
+    profile = sim_profile(tmp_path, "ready")
+    profile.write_text(profile.read_text().replace(f'python = "{sys.executable}"',
+                                                   'python = "/nonexistent/bin/python3"'))
+    result = _cli("wait", str(profile), "--launch")
+    assert result.returncode == 1
+    assert "/nonexistent/bin/python3" in result.stderr and "host.python" in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
 
 
 def test_wait_on_a_running_profile_attaches_instead_of_launching(tmp_path: Path,

@@ -151,3 +151,17 @@ def test_phases_never_go_backwards_and_shard_progress_is_kept() -> None:
     assert m.timeline.current.phase is Phase.WEIGHTS
     assert m.timeline.current.shards == (16, 64)
     assert m.timeline.eta(T0 + 300) == 1200.0
+
+
+def test_an_exit_code_the_agent_missed_is_taken_from_the_log() -> None:
+    m = _machine()
+    m.feed_exit(ProcExit(303, "Worker_TP3", None, None, T0 + 6, False), T0 + 6)
+    assert m.death is not None and m.death.code is None
+    other = _feed(m, ["(EngineCore_DP0 pid=200) ERROR 12-02 10:00:07 [multiproc_executor.py:249]"
+                      " Worker proc Worker_TP5 died unexpectedly (exit code: 7), shutting down "
+                      "executor."], T0 + 7)
+    assert m.death.code is None and not [e for e in other if isinstance(e, CauseUpdated)]
+    events = _feed(m, ["(EngineCore_DP0 pid=200) ERROR 12-02 10:00:07 [multiproc_executor.py:249]"
+                       " Worker proc Worker_TP3 died unexpectedly (exit code: 1), shutting down "
+                       "executor."], T0 + 7)
+    assert m.death.code == 1 and any(isinstance(e, CauseUpdated) for e in events)

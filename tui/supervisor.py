@@ -36,7 +36,7 @@ from tui.core.protocol import (
 from tui.core.state import DomainEvent, LaunchMachine, State
 from tui.remote import launcher
 from tui.remote.agent_link import stream_agent
-from tui.remote.session import Session, open_session
+from tui.remote.session import Session, check_python, open_session
 
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 10.0
@@ -141,6 +141,7 @@ class Supervisor:
         self._queues: list[asyncio.Queue[SupervisorEvent]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
+        self._python_checked = False
 
     def _new_machine(self) -> LaunchMachine:
         exp = self.profile.expect
@@ -162,8 +163,18 @@ class Supervisor:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def connect(self) -> Session:
+        """Open the session once, and check the host's Python can run the agent (psutil,
+        pynvml) so a missing module is one line with the fix, before anything starts."""
         if self.session is None:
-            self.session = await self.opener(self.profile.host)
+            session = await self.opener(self.profile.host)
+            if not self._python_checked:
+                try:
+                    await check_python(session, launcher.agent_target(self.profile).interpreter())
+                except BaseException:
+                    await session.close()
+                    raise
+                self._python_checked = True
+            self.session = session
         return self.session
 
     async def run_preflight(self) -> tuple[Check, ...]:

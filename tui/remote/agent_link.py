@@ -30,9 +30,13 @@ class AgentTarget:
     python: str
     env: dict[str, str] = field(default_factory=dict)
 
-    def argv(self, subcommand: str) -> list[str]:
+    def interpreter(self) -> list[str]:
+        """The interpreter as an argv prefix, with its environment when there is one."""
         prefix = ["env", *(f"{k}={v}" for k, v in sorted(self.env.items()))] if self.env else []
-        return [*prefix, self.python, "-u", "-c", AGENT_BOOTSTRAP, subcommand]
+        return [*prefix, self.python]
+
+    def argv(self, subcommand: str) -> list[str]:
+        return [*self.interpreter(), "-u", "-c", AGENT_BOOTSTRAP, subcommand]
 
 
 def _start_failure(session: Session, target: AgentTarget, code: int, stderr: str,

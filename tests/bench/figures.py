@@ -1,0 +1,109 @@
+"""Figures for the headless core, printed (not asserted): run `python tests/bench/figures.py`.
+
+1. Death → DEAD event: a simulated worker dies of the story's SyntaxError (it writes the moment
+   just before exiting); the time until the Supervisor emits Died, locally and over SSH on
+   loopback through the in-process asyncssh server. N runs each; median and p90.
+2. The agent's CPU cost: CPU seconds per minute of the watch agent while it watches a running
+   simulated launch (API server, engine core, 8 workers = 10 processes) with 8 fake GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from e2e_profiles import sim_profile  # noqa: E402
+from sshserver import SSHTestServer  # noqa: E402
+
+from tui.core.profile import load_profile  # noqa: E402
+from tui.core.state import Died  # noqa: E402
+from tui.remote.session import open_session  # noqa: E402
+from tui.supervisor import Supervisor  # noqa: E402
+
+
+async def _one_death(tmp: Path, target: str, ssh_config: str | None) -> float:
+    profile = load_profile(sim_profile(tmp, "syntax-error", target=target, time_scale=20))
+
+    async def opener(host: object) -> object:
+        return await open_session(host, ssh_config=ssh_config)
+
+    sup = Supervisor(profile, opener=opener)
+    events = sup.subscribe()
+    try:
+        await sup.launch(skip_preflight=True)
+        while not isinstance(await asyncio.wait_for(events.get(), 30), Died):
+            pass
+        seen = time.time()
+        deaths = [json.loads(x) for x in (tmp / "gpus" / "deaths.jsonl").read_text().splitlines()]
+        return (seen - min(d["time"] for d in deaths)) * 1000
+    finally:
+        await sup.kill(1.0)
+        await sup.close()
+
+
+async def death_latency(runs: int) -> None:
+    with tempfile.TemporaryDirectory() as base:
+        server = SSHTestServer(Path(base) / "ssh")
+        await server.start()
+        try:
+            for label, target, cfg in (("local", "local", None),
+                                       ("ssh", server.alias, str(server.ssh_config))):
+                samples = []
+                for i in range(runs):
+                    tmp = Path(base) / f"{label}{i}"
+                    tmp.mkdir()
+                    samples.append(await _one_death(tmp, target, cfg))
+                samples.sort()
+                median = statistics.median(samples)
+                print(f"death -> DEAD event, {label:5s}: median {median:6.1f} ms"
+                      f"  p90 {samples[int(0.9 * (len(samples) - 1))]:6.1f} ms"
+                      f"  max {samples[-1]:6.1f} ms  (n={runs})", flush=True)
+        finally:
+            await server.stop()
+
+
+async def agent_cpu(seconds: float) -> None:
+    with tempfile.TemporaryDirectory() as base:
+        tmp = Path(base)
+        profile = load_profile(sim_profile(tmp, "ready", time_scale=1.0))
+        sup = Supervisor(profile)
+        sup.subscribe()
+        try:
+            await sup.launch(skip_preflight=True)
+            await asyncio.sleep(25)  # the simulated tree is complete ~16 s after launch
+            agent = next(p for p in psutil.Process().children(recursive=True)
+                         if p.cmdline()[-1:] == ["watch"])
+            tree = len(psutil.Process(sup.run.pid).children(recursive=True)) + 1 if sup.run else 0
+            before = sum(agent.cpu_times()[:2])
+            await asyncio.sleep(seconds)
+            used = sum(agent.cpu_times()[:2]) - before
+            print(f"agent CPU while watching {tree} processes + 8 fake GPUs: "
+                  f"{used / seconds * 60:.2f} CPU s/min = {used / seconds * 100:.2f} % of a core "
+                  f"(over {seconds:.0f} s; RSS {agent.memory_info().rss / 2**20:.1f} MiB)")
+        finally:
+            await sup.kill(1.0)
+            await sup.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--cpu-seconds", type=float, default=60.0)
+    args = parser.parse_args()
+    asyncio.run(death_latency(args.runs))
+    asyncio.run(agent_cpu(args.cpu_seconds))
+
+
+if __name__ == "__main__":
+    main()
