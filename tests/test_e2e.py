@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from e2e_profiles import sim_profile
+from e2e_profiles import free_port, sim_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -178,3 +178,35 @@ async def test_unknown_ssh_host_key_is_refused_with_the_fix(tmp_path: Path,
     assert result.returncode == 1
     assert "host key unknown" in result.stderr and "ssh-keyscan" in result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_secrets_never_reach_the_screen_or_the_run_dir(tmp_path: Path, cleanup) -> None:
+    token = "hf_s3cr3t-VALUE-0123"
+    profile = tmp_path / "secret.toml"
+    profile.write_text(f"""
+[host]
+target = "local"
+python = "{sys.executable}"
+runs_dir = "{tmp_path / 'runs'}"
+
+[server]
+engine = "vllm"
+port = {free_port()}
+secret_env = ["SPECCONSOLE_TEST_TOKEN"]
+command = ["sh", "-c", "echo token=$SPECCONSOLE_TEST_TOKEN; sleep 30"]
+
+[preflight]
+enabled = false
+""")
+    env = {"SPECCONSOLE_TEST_TOKEN": token}
+    launched = _cli("launch", str(profile), env=env)
+    assert launched.returncode == 0, launched.stderr
+    run_id = _run_id(launched.stdout)
+    cleanup.append(run_id)
+    time.sleep(0.5)
+    logs = _cli("logs", str(profile), "--raw", env=env)
+    assert "token=«redacted»" in logs.stdout and token not in logs.stdout
+    run_dir = next((tmp_path / "runs").iterdir())
+    assert token not in (run_dir / "launch.json").read_text()
+    assert (run_dir.stat().st_mode & 0o777) == 0o700
+    assert _cli("kill", str(profile), "--grace", "2", env=env).returncode == 0

@@ -165,3 +165,14 @@ def test_an_exit_code_the_agent_missed_is_taken_from_the_log() -> None:
                        " Worker proc Worker_TP3 died unexpectedly (exit code: 1), shutting down "
                        "executor."], T0 + 7)
     assert m.death.code == 1 and any(isinstance(e, CauseUpdated) for e in events)
+
+
+def test_a_young_death_takes_vllms_name_and_reported_code_from_the_log() -> None:
+    """The agent saw the worker only as a fork of the engine core, and its parent reaped it."""
+    m = _machine()
+    _feed(m, [*STORY, "(EngineCore_DP0 pid=200) ERROR 12-02 10:00:07 [multiproc_executor.py:249]"
+                      " Worker proc Worker_TP3 died unexpectedly (exit code: 1), shutting down "
+                      "executor."], T0 + 6)
+    events = m.feed_exit(ProcExit(303, "EngineCore_DP0", None, None, T0 + 6, False), T0 + 6)
+    death = next(e for e in events if isinstance(e, Died)).death
+    assert (death.process, death.code) == ("Worker_TP3", 1)

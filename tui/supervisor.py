@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tui.core.command import redact
 from tui.core.errors import PreflightFailed, RunNotFound, SessionError
 from tui.core.noise import NoiseFilter, builtin_rules, rule_from_pattern
 from tui.core.profile import Profile
@@ -135,7 +136,8 @@ class Supervisor:
         self.run: RunInfo | None = None
         self.machine = self._new_machine()
         self.log_end = 0
-        self.secrets: tuple[str, ...] = ()
+        # secret values known here (launch or attach) are redacted from every line and cmdline
+        self.secrets = tuple(v for n in profile.server.secret_env if (v := self.environ.get(n)))
         self.last_checks: tuple[Check, ...] = ()
         self.last_kill_steps: list[KillStep] = []
         self._queues: list[asyncio.Queue[SupervisorEvent]] = []
@@ -198,7 +200,6 @@ class Supervisor:
         if not skip_preflight and self.profile.preflight.enabled:
             await self.run_preflight()
         plan = launcher.plan_launch(self.profile, self.environ, self.clock())
-        self.secrets = plan.secrets
         launched = await launcher.launch(session, self.profile, plan)
         now = self.clock()
         self.run = RunInfo(launched.run_id, launched.run_dir, launched.pid, now, attached=False)
@@ -254,7 +255,8 @@ class Supervisor:
     def _watch_spec(self) -> dict[str, Any]:
         assert self.run is not None
         return {"run_dir": self.run.run_dir, "log_offset": self.log_end,
-                "procs_interval": 1.0, "gpus_interval": 1.0, "log_interval": 0.05,
+                "redact": list(self.secrets), "procs_interval": 1.0, "gpus_interval": 1.0,
+                "log_interval": 0.05,
                 "health": {"port": self.profile.server.port,
                            "paths": ["/health", "/v1/models"], "interval": 1.0}}
 
@@ -324,7 +326,7 @@ class Supervisor:
         offset = chunk.off
         for line in chunk.lines:
             if offset >= self.log_end:
-                out.append((offset, line))
+                out.append((offset, redact(line, self.secrets) if self.secrets else line))
             offset += len(line.encode("utf-8", "replace")) + 1
         self.log_end = chunk.end
         return out

@@ -461,6 +461,9 @@ class Tracker:
         if st is not None and st.start_ticks == proc.start_ticks and st.dead:
             code, sig = decode_status(st.exit_status)
             proc.state = "zombie" if st.state == "Z" else "dead"
+            if st.comm != proc.comm:  # renamed (or exec'd) since we looked: a zombie keeps
+                proc.comm = st.comm   # only its comm, so the name comes from that
+                proc.name = vllm_name(None, st.comm, proc.top)
         else:
             proc.state = "dead"
         self.gone.add((proc.pid, proc.start_ticks))

@@ -165,6 +165,10 @@ class LaunchMachine:
     top_pid: int | None = None
     last_line_at: float | None = None
     log_ready_seen: bool = False
+    # vLLM's own names and reported exit codes, from the log: a process that died young or
+    # was reaped by its parent is known to the agent only by a provisional name and no code
+    log_names: dict[int, str] = field(default_factory=dict)
+    reported_codes: dict[str, int] = field(default_factory=dict)
     _gpus: dict[int, _GpuTrack] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -204,13 +208,13 @@ class LaunchMachine:
         events: list[DomainEvent] = []
         cause_before = self.tracker.cause() if self.death is not None else None
         progressed = False
-        code_unknown = (self.death is not None and self.death.code is None
-                        and self.death.signal is None)
-        reports: list[LogLine] = []
+        names = self.log_names
         for offset, raw in lines:
             line = parse_line(raw, offset)
-            if code_unknown and ("exit code" in line.message or "core proc" in line.message):
-                reports.append(line)
+            if line.pid is not None and line.proc and names.get(line.pid) != line.proc:
+                names[line.pid] = line.proc
+            if "exit code" in line.message or "core proc" in line.message:
+                self._note_reported_code(line.message)
             rule = self.noise.classify(line)
             events.append(LineAdded(line, rule))
             self.tracker.feed(line)
@@ -226,7 +230,9 @@ class LaunchMachine:
                 self.stall = None
                 events.extend(self._to(State.LOADING, at))
         if self.death is not None:
-            death = self._reported_code(reports) if reports else self.death
+            death = self.death
+            if death.code is None and death.signal is None and death.process in self.reported_codes:
+                death = replace(death, code=self.reported_codes[death.process])
             cause = self.tracker.cause()
             if cause is not None and cause != cause_before:
                 death = replace(death, cause=cause)
@@ -235,15 +241,10 @@ class LaunchMachine:
                 events.append(CauseUpdated(death))
         return events
 
-    def _reported_code(self, lines: list[LogLine]) -> Death:
-        """Fill the dead process's unknown exit code from the log's own report of it."""
-        death = self.death
-        assert death is not None
-        for line in lines:
-            m = _REPORTED_EXIT.search(line.message)
-            if m is not None and (m["worker"] or m["core"]) == death.process:
-                return replace(death, code=int(m["wcode"] or m["ccode"]))
-        return death
+    def _note_reported_code(self, message: str) -> None:
+        m = _REPORTED_EXIT.search(message)
+        if m is not None:
+            self.reported_codes.setdefault(m["worker"] or m["core"], int(m["wcode"] or m["ccode"]))
 
     def _on_phase(self, hit: PhaseHit, at: float) -> list[DomainEvent]:
         events: list[DomainEvent] = []
@@ -271,6 +272,10 @@ class LaunchMachine:
 
     def feed_exit(self, ex: ProcExit, at: float) -> list[DomainEvent]:
         """A process of the run ended. The first server-process death is the run's death."""
+        name = self.log_names.get(ex.pid, ex.name)
+        code = ex.code if ex.code is not None or ex.signal is not None \
+            else self.reported_codes.get(name)
+        ex = replace(ex, name=name, code=code)
         self.exits.setdefault(ex.pid, ex)
         if not self.state.live or self.death is not None:
             return []

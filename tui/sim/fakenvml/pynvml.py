@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from dataclasses import dataclass
 
 __version__ = "sim"
@@ -85,6 +86,10 @@ class _Holder:
 
 
 _state: dict | None = None  # {"dir", "count", "name", "total", "refs"} while initialised
+
+
+# One sample of all devices reads the state directory once, as one NVML query would.
+_SCAN_TTL_S = 0.1
 
 
 def _create_devices_if_asked(directory: str) -> None:
@@ -180,9 +185,18 @@ def _check(handle: object) -> None:
 
 
 def _holders(handle: _Device) -> list[_Holder]:
-    """Live holders of one device; files of dead processes are deleted on the way."""
+    """Live holders of one device, from a scan shared by all devices for a moment."""
     _check(handle)
-    directory = _initialised()["dir"]
+    state = _initialised()
+    now = time.monotonic()
+    cached = state.get("scan")
+    if cached is None or now - cached[0] > _SCAN_TTL_S:
+        cached = state["scan"] = (now, _scan(state["dir"]))
+    return [h for h in cached[1] if h.gpu == handle.index]
+
+
+def _scan(directory: str) -> list[_Holder]:
+    """Every live holder; files of dead processes are deleted on the way."""
     try:
         names = os.listdir(directory)
     except OSError:
@@ -202,7 +216,7 @@ def _holders(handle: _Device) -> list[_Holder]:
         if not _alive(holder.pid):
             with contextlib.suppress(OSError):
                 os.unlink(path)
-        elif holder.gpu == handle.index:
+        else:
             found.append(holder)
     return sorted(found, key=lambda h: h.pid)
 
