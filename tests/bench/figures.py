@@ -32,7 +32,7 @@ from tui.remote.session import open_session  # noqa: E402
 from tui.supervisor import Supervisor  # noqa: E402
 
 
-async def _one_death(tmp: Path, target: str, ssh_config: str | None) -> float:
+async def _one_death(tmp: Path, target: str, ssh_config: str | None) -> tuple[float, float]:
     profile = load_profile(sim_profile(tmp, "syntax-error", target=target, time_scale=20))
 
     async def opener(host: object) -> object:
@@ -42,11 +42,12 @@ async def _one_death(tmp: Path, target: str, ssh_config: str | None) -> float:
     events = sup.subscribe()
     try:
         await sup.launch(skip_preflight=True)
-        while not isinstance(await asyncio.wait_for(events.get(), 30), Died):
+        while not isinstance(event := await asyncio.wait_for(events.get(), 30), Died):
             pass
         seen = time.time()
         deaths = [json.loads(x) for x in (tmp / "gpus" / "deaths.jsonl").read_text().splitlines()]
-        return (seen - min(d["time"] for d in deaths)) * 1000
+        died = min(d["time"] for d in deaths)
+        return (seen - died) * 1000, (event.death.at - died) * 1000
     finally:
         await sup.kill(1.0)
         await sup.close()
@@ -59,16 +60,19 @@ async def death_latency(runs: int) -> None:
         try:
             for label, target, cfg in (("local", "local", None),
                                        ("ssh", server.alias, str(server.ssh_config))):
-                samples = []
+                samples, at_agent = [], []
                 for i in range(runs):
                     tmp = Path(base) / f"{label}{i}"
                     tmp.mkdir()
-                    samples.append(await _one_death(tmp, target, cfg))
+                    total, agent = await _one_death(tmp, target, cfg)
+                    samples.append(total)
+                    at_agent.append(agent)
                 samples.sort()
                 median = statistics.median(samples)
                 print(f"death -> DEAD event, {label:5s}: median {median:6.1f} ms"
                       f"  p90 {samples[int(0.9 * (len(samples) - 1))]:6.1f} ms"
-                      f"  max {samples[-1]:6.1f} ms  (n={runs})", flush=True)
+                      f"  max {samples[-1]:6.1f} ms  (n={runs}; of which death -> agent's exit "
+                      f"event: median {statistics.median(at_agent):.1f} ms)", flush=True)
         finally:
             await server.stop()
 

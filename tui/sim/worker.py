@@ -209,8 +209,11 @@ def main() -> int:
     runtime.become(cfg["title"], cfg["parent_pid"])
     worker = Worker(cfg)
     code = worker.run()
-    if code:
+    if code:  # die right after stamping the moment, so latency is measured from the death
+        sys.stdout.flush()
+        sys.stderr.flush()
         gpu_state.record_death(worker.state_dir, f"Worker_TP{worker.rank}")
+        os._exit(code)
     return code
 
 
