@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from helpers import carriers, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENT = ROOT / "tui" / "agent" / "remote_agent.py"
@@ -129,31 +130,6 @@ def runs(tmp_path: Path) -> Iterator[Callable[..., tuple[Path, dict]]]:
             run_agent("kill", {"run_dir": str(run_dir), "grace": 0}, timeout=60)
 
 
-def wait_for(pred: Callable[[], object], timeout: float = 10, what: str = "") -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what or pred}")
-
-
-def carriers(run_id: str) -> list[int]:
-    """Live processes whose environ carries the run id (what must be gone after a kill)."""
-    needle = f"\0{ENV_KEY}={run_id}\0".encode()
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            env = b"\0" + Path(f"/proc/{name}/environ").read_bytes() + b"\0"
-            state = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in env and state not in (b"Z", b"X"):
-            out.append(int(name))
-    return out
 
 
 def watch_spec(run_dir: Path, **kw: object) -> dict:

@@ -15,9 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
-from e2e_profiles import free_port, sim_profile
+from helpers import carriers, free_port, sim_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,16 +39,6 @@ async def _acli(*args: str, env: dict[str, str], timeout: float = 60
                                        err.decode())
 
 
-def _procs_of(run_id: str) -> list[int]:
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if proc.environ().get("SPECCONSOLE_RUN_ID") == run_id:
-                found.append(proc.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
-
 
 def _run_id(stdout: str) -> str:
     for line in stdout.splitlines():
@@ -69,7 +58,7 @@ def cleanup():
     run_ids: list[str] = []
     yield run_ids
     for run_id in run_ids:
-        for pid in _procs_of(run_id):
+        for pid in carriers(run_id):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
 
@@ -92,7 +81,7 @@ def _assert_ready_then_killed(profile: Path, result: subprocess.CompletedProcess
     assert killed.returncode == 0, killed.stdout + killed.stderr
     assert "no process of the run remains" in killed.stdout
     assert "GPU memory released" in killed.stdout
-    assert _procs_of(run_id) == []
+    assert carriers(run_id) == []
 
 
 def test_demo_profile_reaches_ready_then_kill_leaves_nothing(tmp_path: Path, cleanup) -> None:
@@ -100,7 +89,7 @@ def test_demo_profile_reaches_ready_then_kill_leaves_nothing(tmp_path: Path, cle
     result = _cli("wait", str(profile), "--launch", "--timeout", "60s")
     run_id = _run_id(result.stdout)
     cleanup.append(run_id)
-    assert _procs_of(run_id), "the server must outlive the `wait` command"
+    assert carriers(run_id), "the server must outlive the `wait` command"
     status = _cli("status", str(profile))
     killed = _cli("kill", str(profile), "--grace", "5")
     _assert_ready_then_killed(profile, result, status, killed, run_id)
@@ -113,7 +102,7 @@ async def test_ready_over_ssh_then_kill_leaves_nothing(tmp_path: Path, ssh_serve
                          env=ssh_server.env)
     run_id = _run_id(result.stdout)
     cleanup.append(run_id)
-    assert _procs_of(run_id), "the server must outlive the SSH session"
+    assert carriers(run_id), "the server must outlive the SSH session"
     status = await _acli("status", str(profile), env=ssh_server.env)
     killed = await _acli("kill", str(profile), "--grace", "5", env=ssh_server.env)
     _assert_ready_then_killed(profile, result, status, killed, run_id)

@@ -20,6 +20,7 @@ from typing import Any
 import asyncssh
 import psutil
 import pytest
+from helpers import alive
 from sshserver import SSHTestServer
 
 from tui.core.errors import (
@@ -68,12 +69,6 @@ async def session(request: pytest.FixtureRequest,
     yield opened
     await opened.close()
 
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 async def gone(pid: int, within: float = 5.0) -> bool:

@@ -23,7 +23,7 @@ import psutil
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from e2e_profiles import sim_profile  # noqa: E402
+from helpers import sim_profile  # noqa: E402
 from sshserver import SSHTestServer  # noqa: E402
 
 from tui.core.profile import load_profile  # noqa: E402

@@ -1,0 +1,96 @@
+"""Helpers shared by the tests: free ports, waiting, liveness, a run's processes, sim profiles."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+RUN_ID_ENV = "SPECCONSOLE_RUN_ID"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10, what: str = "") -> Any:
+    """Poll until `predicate()` is truthy; its value, or an AssertionError naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+def alive(pid: int) -> bool:
+    """Running and not a zombie."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def carriers(run_id: str) -> list[int]:
+    """Live processes whose environ carries the run id (what must be gone after a kill)."""
+    needle = f"\0{RUN_ID_ENV}={run_id}\0".encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            env = b"\0" + Path(f"/proc/{name}/environ").read_bytes() + b"\0"
+            state = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env and state not in (b"Z", b"X"):
+            out.append(int(name))
+    return out
+
+
+def sim_profile(tmp: Path, scenario: str, *, target: str = "local", time_scale: float = 300.0,
+                name: str | None = None, stall: str = "30s", extra: str = "") -> Path:
+    """Write a simulated-engine profile whose runs and fake GPUs live under `tmp`."""
+    path = tmp / f"{name or scenario}.toml"
+    path.write_text(f"""
+[host]
+target = "{target}"
+python = "{sys.executable}"
+runs_dir = "{tmp / 'runs'}"
+
+[server]
+engine = "vllm"
+model = "/models/Kimi-K2.5"
+port = {free_port()}
+tensor_parallel_size = 8
+
+[server.speculative]
+method = "eagle3"
+model = "/models/Kimi-K2.5-eagle3"
+num_speculative_tokens = 5
+
+[preflight]
+compile = false
+paths_exist = false
+
+[expect]
+load_time = "25m"
+stall_timeout = "{stall}"
+
+[simulate]
+scenario = "{scenario}"
+time_scale = {time_scale}
+gpus = 8
+gpu_state = "{tmp / 'gpus'}"
+{extra}
+""")
+    return path
