@@ -199,3 +199,18 @@ enabled = false
     assert token not in (run_dir / "launch.json").read_text()
     assert (run_dir.stat().st_mode & 0o777) == 0o700
     assert _cli("kill", str(profile), "--grace", "2", env=env).returncode == 0
+
+
+def test_preflight_refuses_a_patched_file_with_a_syntax_error(tmp_path: Path) -> None:
+    broken = tmp_path / "kimi_k25.py"
+    broken.write_text("import torch\nfrom .deepseek_v2 import (DeepseekV2Model,\n")
+    profile = sim_profile(tmp_path, "ready")
+    profile.write_text(profile.read_text().replace(
+        "compile = false", f'compile = true\ncompile_files = ["{broken}"]'))
+    check = _cli("check", str(profile))
+    assert check.returncode == 6, check.stdout + check.stderr
+    assert f"{broken}:2" in check.stdout and "SyntaxError" in check.stdout
+    result = _cli("wait", str(profile), "--launch")
+    assert result.returncode == 6 and "Traceback" not in result.stderr
+    assert f"{broken}:2" in result.stderr
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
