@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 AGENT = ROOT / "tui" / "agent" / "remote_agent.py"
 FAKENVML = ROOT / "tui" / "sim" / "fakenvml"
 PY = sys.executable
-# Copied from INTERFACES.md on purpose: the test pins the agreed bootstrap, not our own copy.
+# Copied from tui/core/protocol.py on purpose: the test pins the agreed bootstrap, not a copy
+# that would follow a change there.
 BOOTSTRAP = ("import sys;n=int(sys.stdin.buffer.readline());exec(compile(sys.stdin.buffer.read(n),"
              "'remote_agent.py','exec'),{'__name__':'__main__'})")
 ENV_KEY = "SPECCONSOLE_RUN_ID"
@@ -187,6 +188,18 @@ def test_stat_parsing_and_vanished_pids(agent_module) -> None:
     assert agent_module.read_stat(gone.pid) is None
     assert agent_module.read_cmdline(gone.pid) is None
     assert agent_module.read_environ(gone.pid) is None
+
+
+def test_redact_matches_the_core_rule(agent_module) -> None:
+    from tui.core.command import redact as core_redact
+
+    text = "a abc abcd abcdef --token=abcdef"
+    secrets = ["a", "abc", "abcd", "abcdef", ""]
+    assert agent_module.redact(text, secrets) == core_redact(text, secrets)
+    assert agent_module.redact(text, secrets) == "a abc «redacted» «redacted» --token=«redacted»"
+    assert agent_module.REDACTED == "«redacted»"
+    assert agent_module.env_values(b"\0A=xyz\0B=long-value\0C=other\0B=long-value\0",
+                                   ["A", "B"]) == ["long-value"]
 
 
 def test_utf8_cut_never_splits_a_character(agent_module) -> None:
@@ -458,8 +471,63 @@ def test_watch_without_nvml_says_so_once_and_streams(tmp_path: Path, runs) -> No
         assert agent.close() == 0
 
 
+def test_watch_reads_secret_env_from_the_top_and_redacts_procs(runs) -> None:
+    """A console attached from another shell lacks the secret: the agent finds it in the run's
+    environ, sends it in hello's "redact", and hides it in the procs rows' cmd."""
+    secret = "hf_abcdefgh1234"
+    # the secret is in argv too, and the launch spec's "redact" is empty: only watch can hide it
+    run_dir, launched = runs(["sh", "-c", "echo $SECRET_X; sleep 30", secret],
+                             env={"SECRET_X": secret}, redact=[])
+    assert secret in (run_dir / "launch.json").read_text()
+    wait_for(lambda: secret in log_text(run_dir), what="the server's echo")
+    agent = Agent("watch", watch_spec(run_dir, secret_env=["SECRET_X", "UNSET_Y"], redact=[]))
+    try:
+        _, hello = agent.next("hello")
+        found = hello["redact"] or agent.next("secrets")[1]["redact"]
+        assert found == [secret]
+        rows = []
+        for _ in range(3):
+            rows += agent.next("procs")[1]["procs"]
+        assert launched["pid"] in {r["pid"] for r in rows}
+        assert all(secret not in r["cmd"] and secret not in r["name"] for r in rows), rows
+        assert any(r["cmd"] == "sh -c echo $SECRET_X; sleep 30 «redacted»" for r in rows), rows
+    finally:
+        assert agent.close() == 0
+        rc, msgs = run_agent("kill", {"run_dir": str(run_dir), "grace": 0}, timeout=60)
+    assert rc == 0 and msgs[-1]["t"] == "killed" and msgs[-1]["remaining"] == [], msgs
+
+
+def test_secret_env_comes_in_a_secrets_message_once_the_pid_is_known(tmp_path: Path) -> None:
+    """Watch started before the pid file exists (mid-launch): hello's "redact" is empty and the
+    values follow in a "secrets" message, before any procs row that could show them."""
+    secret = "hf_abcdefgh1234"
+    run_dir = tmp_path / "runs" / "late"
+    run_dir.mkdir(parents=True)
+    (run_dir / "launch.json").write_text(json.dumps({"run_id": "late", "started": time.time()}))
+    server = subprocess.Popen(["sleep", "30", secret], env=agent_env(SECRET_X=secret),
+                              start_new_session=True)
+    agent = Agent("watch", watch_spec(run_dir, secret_env=["SECRET_X"]))
+    try:
+        _, hello = agent.next("hello")
+        assert hello["redact"] == []
+        ticks = int(Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        (run_dir / "pid").write_text(json.dumps({
+            "pid": server.pid, "pgid": server.pid, "sid": server.pid, "start_ticks": ticks}))
+        _, secrets = agent.next("secrets")
+        assert secrets["redact"] == [secret]
+        _, procs = agent.next("procs", lambda m: any(r["pid"] == server.pid for r in m["procs"]))
+        assert [r["cmd"] for r in procs["procs"] if r["pid"] == server.pid] == [
+            "sleep 30 «redacted»"]
+        assert all(secret not in json.dumps(m) for m in agent.seen if m["t"] == "procs")
+    finally:
+        server.kill()
+        server.wait()
+        assert agent.close() == 0
+
+
 def write_gpu_state(state: Path, holders: dict[int, tuple[int, int]]) -> None:
-    """Fake NVML state per INTERFACES.md: 8 devices; holders pid -> (gpu, bytes)."""
+    """Fake NVML state as tui/sim/fakenvml/pynvml.py reads it: 8 devices; holders pid -> (gpu,
+    bytes)."""
     state.mkdir(exist_ok=True)
     (state / "devices.json").write_text(json.dumps(
         {"count": 8, "name": "NVIDIA H200 (simulated)", "total": 141 * 2**30}))

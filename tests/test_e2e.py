@@ -144,7 +144,7 @@ async def test_story_over_ssh_dead_within_2s_with_the_syntax_error(tmp_path: Pat
     dead_line = next(line for line in result.stdout.splitlines() if "DEAD:" in line)
     assert "Worker_TP" in dead_line and "exit code 1" in dead_line
     cause = next(line for line in result.stdout.splitlines() if "root cause" in line)
-    assert "SyntaxError" in cause and ".py, line " in cause
+    assert "SyntaxError" in cause and "kimi_k25_patched.py, line 15" in cause
     assert "Engine core initialization failed" not in cause
     assert "Triton" not in cause
 
@@ -214,3 +214,41 @@ def test_preflight_refuses_a_patched_file_with_a_syntax_error(tmp_path: Path) ->
     assert result.returncode == 6 and "Traceback" not in result.stderr
     assert f"{broken}:2" in result.stderr
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+
+
+def test_hang_becomes_stalled_naming_the_frozen_gpus(tmp_path: Path, cleanup) -> None:
+    profile = sim_profile(tmp_path, "hang", time_scale=300, stall="2s")
+    result = _cli("wait", str(profile), "--launch", "--timeout", "60s")
+    cleanup.append(_run_id(result.stdout))
+    assert result.returncode == 5, result.stdout + result.stderr
+    stalled = next(line for line in result.stdout.splitlines() if "STALLED" in line)
+    assert "no log line for" in stalled and "GPU memory frozen on 0, 1, 2" in stalled
+    assert "loading weights" in result.stdout
+
+
+def test_oom_is_dead_with_the_out_of_memory_error(tmp_path: Path, cleanup) -> None:
+    profile = sim_profile(tmp_path, "oom", time_scale=300)
+    result = _cli("wait", str(profile), "--launch", "--timeout", "60s", "--json")
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    cleanup.append(records[0]["run_id"])
+    assert result.returncode == 3, result.stdout + result.stderr
+    dead = next(r for r in records if r.get("state") == "dead")
+    assert dead["process"] == "Worker_TP7" and dead["code"] == 1
+    assert dead["root_cause"].startswith("torch.OutOfMemoryError: CUDA out of memory")
+
+
+@pytest.mark.parametrize(("fixture", "outcome", "cause"), [
+    ("vllm-crash-syntaxerror.log", "crashed", "SyntaxError"),
+    ("vllm-startup-ready.log", "ready", None),
+])
+def test_explain_a_saved_log(fixture: str, outcome: str, cause: str | None) -> None:
+    result = _cli("explain", str(ROOT / "tests" / "fixtures" / fixture), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert set(report) == {"outcome", "last_phase", "root_cause", "symptoms", "hidden"}
+    assert report["outcome"] == outcome
+    if cause is None:
+        assert report["root_cause"] is None
+    else:
+        assert report["root_cause"]["line"].startswith(cause)
+        assert "Engine core initialization failed" not in report["root_cause"]["line"]

@@ -80,7 +80,9 @@ def test_exit_codes_lie_engine_killed_while_serving_is_dead() -> None:
     m = _machine()
     _feed(m, STORY[:2], T0 + 1)
     assert not m.feed_health(Health(False, "/health", None, T0 + 2), T0 + 2)
-    ready = m.feed_health(Health(True, "/v1/models", 200, T0 + 30), T0 + 30)
+    assert not m.feed_health(Health(True, "/v1/models", 200, T0 + 29), T0 + 29)
+    assert m.state is State.LOADING  # /health has not answered yet
+    ready = m.feed_health(Health(True, "/health", 200, T0 + 30), T0 + 30)
     assert m.state is State.READY and any(isinstance(e, Ready) for e in ready)
     events = m.feed_exit(ProcExit(200, "EngineCore", None, 9, T0 + 60, False), T0 + 60)
     assert m.state is State.DEAD and any(isinstance(e, Died) for e in events)
@@ -104,9 +106,32 @@ def test_log_line_alone_is_not_ready() -> None:
 def test_helper_processes_exiting_cleanly_are_not_deaths() -> None:
     m = _machine()
     assert m.feed_exit(ProcExit(400, "python3", 0, None, T0 + 8, False), T0 + 8) == []
+    assert m.feed_exit(ProcExit(402, "python3", None, None, T0 + 8, False), T0 + 8) == []
     events = m.feed_exit(ProcExit(401, "cc1plus", 1, None, T0 + 9, False), T0 + 9)
     assert [type(e) for e in events] == [HelperExited]
     assert m.state is State.STARTING
+
+
+def test_any_other_process_that_fails_is_a_death() -> None:
+    m = _machine()
+    events = m.feed_exit(ProcExit(404, "python3", None, 11, T0 + 9, False), T0 + 9)
+    assert any(isinstance(e, Died) for e in events) and m.state is State.DEAD
+
+
+def test_a_zombie_engine_core_known_only_by_its_truncated_comm_is_a_death() -> None:
+    m = _machine()
+    m.feed_exit(ProcExit(200, "EngineCor", 0, None, T0 + 9, False), T0 + 9)
+    assert m.state is State.DEAD
+
+
+def test_attached_after_the_fact_the_log_names_who_died_first() -> None:
+    m = _machine()
+    _feed(m, [*STORY, "(EngineCore_DP0 pid=200) ERROR 12-02 10:00:07 [multiproc_executor.py:249]"
+                      " Worker proc Worker_TP3 died unexpectedly (exit code: 1), shutting down "
+                      "executor.", SYMPTOM], T0 + 30)
+    m.feed_run_exit(RunExit(100, 1, None, T0 + 25), T0 + 30)
+    assert m.death is not None and (m.death.process, m.death.pid, m.death.code) == (
+        "Worker_TP3", 303, 1)
 
 
 def test_stall_needs_a_quiet_log_and_frozen_gpu_memory() -> None:

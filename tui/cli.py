@@ -14,13 +14,16 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from tui.core.command import redact
 from tui.core.describe import death_lines, describe, duration
 from tui.core.errors import PreflightFailed, RunNotFound, SpecconsoleError
 from tui.core.explain import explain
+from tui.core.logline import parse_line, strip_escapes
+from tui.core.phases import Phase
 from tui.core.profile import Profile, load_profile, parse_duration
-from tui.core.state import CauseUpdated, Died, LineAdded, Ready, Stalled, State
+from tui.core.state import Died, LineAdded, ProgressChanged, Ready, Stalled, State
 from tui.remote import launcher
-from tui.supervisor import LinkLost, LinkRestored, Notice, Supervisor
+from tui.supervisor import Fatal, LinkLost, LinkRestored, Notice, Supervisor, noise_for
 
 EXIT_READY = 0
 EXIT_ERROR = 1
@@ -45,6 +48,7 @@ class _Printer:
         self.t0 = time.monotonic()
 
     def say(self, text: str, **fields: Any) -> None:
+        text = strip_escapes(text)  # process names and remote text never drive the terminal
         if self.as_json:
             print(json.dumps({"t": round(time.monotonic() - self.t0, 3), "msg": text, **fields}),
                   flush=True)
@@ -60,7 +64,8 @@ async def _wait(sup: Supervisor, args: argparse.Namespace, out: _Printer) -> int
     verb = "attached to" if run.attached else "launched"
     out.say(f"{verb} run {run.run_id} on {sup.profile.host.target} (pid {run.pid})",
             run_id=run.run_id, pid=run.pid, attached=run.attached)
-    deadline = time.monotonic() + args.timeout if args.timeout else None
+    deadline = time.monotonic() + args.timeout if args.timeout is not None else None
+    decile = -1
     while True:
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
@@ -72,7 +77,7 @@ async def _wait(sup: Supervisor, args: argparse.Namespace, out: _Printer) -> int
         except asyncio.TimeoutError:
             continue
         if isinstance(event, Died):
-            await _settle_cause(events)
+            await _settle_cause(sup)
             death = sup.machine.death or event.death
             for line in death_lines(death):
                 out.say(line, state="dead", process=death.process, pid=death.pid,
@@ -80,8 +85,17 @@ async def _wait(sup: Supervisor, args: argparse.Namespace, out: _Printer) -> int
                         since_launch=round(death.since_launch, 3),
                         root_cause=death.cause.line if death.cause else None)
             return EXIT_DEAD
+        if isinstance(event, Fatal):
+            out.say(f"ERROR: {event.text}", state="error")
+            return EXIT_ERROR
         if isinstance(event, (LinkLost, LinkRestored, Notice)):
             out.say(_link_text(event))
+            continue
+        if (isinstance(event, ProgressChanged) and event.phase is Phase.WEIGHTS
+                and event.progress is not None and int(event.progress * 10) > decile):
+            decile = int(event.progress * 10)
+            shards = f" ({event.shards[0]}/{event.shards[1]} shards)" if event.shards else ""
+            out.say(f"{event.phase.label} {event.progress:.0%}{shards}", progress=event.progress)
             continue
         for line in describe(event):
             out.say(line, state=sup.machine.state.value)
@@ -91,15 +105,15 @@ async def _wait(sup: Supervisor, args: argparse.Namespace, out: _Printer) -> int
             return EXIT_STALLED
 
 
-async def _settle_cause(events: asyncio.Queue[Any]) -> None:
-    """Give log lines already in flight a moment to sharpen the root cause."""
+async def _settle_cause(sup: Supervisor) -> None:
+    """Give log lines already in flight a moment to name the cause and the exit code."""
     end = time.monotonic() + CAUSE_GRACE_S
-    while (left := end - time.monotonic()) > 0:
-        try:
-            if isinstance(await asyncio.wait_for(events.get(), left), CauseUpdated):
-                continue
-        except asyncio.TimeoutError:
+    while time.monotonic() < end:
+        death = sup.machine.death
+        if death is not None and death.cause is not None and (
+                death.code is not None or death.signal is not None):
             return
+        await asyncio.sleep(0.02)
 
 
 def _link_text(event: LinkLost | LinkRestored | Notice) -> str:
@@ -139,7 +153,12 @@ async def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     code = 0
     for path in paths:
-        sup = Supervisor(_profile(path))
+        try:
+            sup = Supervisor(_profile(path))
+        except SpecconsoleError as exc:
+            print(exc)
+            code = EXIT_ERROR
+            continue
         try:
             runs = await launcher.list_runs(await sup.connect(), sup.profile)
         except SpecconsoleError as exc:
@@ -169,45 +188,66 @@ def _run_state(alive: bool, exit_info: dict[str, Any] | None) -> str:
 async def cmd_kill(args: argparse.Namespace) -> int:
     sup = Supervisor(_profile(args.profile))
     try:
-        await sup.attach()
-        print(f"killing run {sup.run.run_id if sup.run else '?'} "
-              f"(TERM, KILL after {args.grace:g}s, then sweep by run id)")
+        record = await sup.select()
+        state = "" if record.alive else f" (already ended: {_run_state(False, record.exit)};" \
+            " sweeping for leftovers)"
+        print(f"killing run {record.run_id}{state}: TERM, KILL after {args.grace:g}s, "
+              "then sweep by run id")
         killed = await sup.kill(args.grace)
         for step in sup.last_kill_steps:
             print(f"  {step.step}: {', '.join(map(str, step.pids)) or 'nothing to signal'}")
         if killed.remaining:
             print(f"STILL RUNNING: {', '.join(map(str, killed.remaining))}")
             return EXIT_ERROR
-        gpu = ("GPU memory released" if killed.gpu_released
-               else "GPU memory NOT released: " + ", ".join(
-                   f"pid {h.get('pid')} on GPU {h.get('gpu')}" for h in killed.gpu_holders)
-               if killed.gpu_released is False else "GPU memory: unknown (no NVML)")
+        ours = [h for h in killed.gpu_holders if h.get("run", True)]
+        if killed.gpu_released is None:
+            gpu = "GPU memory: unknown (no NVML on the host)"
+        elif ours:
+            gpu = "GPU memory NOT released: " + ", ".join(
+                f"pid {h.get('pid')} on GPU {h.get('gpu')}" for h in ours)
+        else:
+            gpu = "GPU memory released"
         print(f"no process of the run remains; {gpu}")
-        return 0 if killed.gpu_released is not False else EXIT_ERROR
+        return EXIT_ERROR if ours else 0
     finally:
         await sup.close()
 
 
 async def cmd_logs(args: argparse.Namespace) -> int:
+    """The run's log: streamed once with `cat` (no agent), or followed through the agent."""
     sup = Supervisor(_profile(args.profile))
-    events = sup.subscribe()
     try:
-        await sup.attach()
-        quiet_since = time.monotonic()
-        while True:
-            try:
-                event = await asyncio.wait_for(events.get(), 0.3)
-            except asyncio.TimeoutError:
-                if not args.follow and time.monotonic() - quiet_since > 1.0:
-                    return 0
-                continue
-            if isinstance(event, LineAdded):
-                quiet_since = time.monotonic()
-                if args.raw or event.rule is None or event.rule.kind == "harmless":
-                    label = f"  [{event.rule.label}]" if event.rule is not None else ""
-                    print(event.line.plain + label, flush=True)
+        if args.follow:
+            return await _follow_log(sup, args.raw)
+        record = await sup.select()
+        session = await sup.connect()
+        noise = noise_for(sup.profile)
+        stream = await session.stream(["cat", "--", f"{record.run_dir}/server.log"])
+        while raw := await stream.readline():
+            line = parse_line(raw.decode("utf-8", "replace").rstrip("\n"))
+            _print_line(line.plain, noise.classify(line), args.raw, sup.secrets)
+        return await stream.wait()
     finally:
         await sup.close()
+
+
+async def _follow_log(sup: Supervisor, raw: bool) -> int:
+    events = sup.subscribe()
+    await sup.attach()
+    while True:
+        event = await events.get()
+        if isinstance(event, LineAdded):
+            _print_line(event.line.plain, event.rule, raw, ())
+        elif isinstance(event, Fatal):
+            _err(event.text)
+            return EXIT_ERROR
+
+
+def _print_line(text: str, rule: Any, raw: bool, secrets: Sequence[str]) -> None:
+    """A log line as text: hidden by a rule unless raw, a harmless one labelled."""
+    if raw or rule is None or rule.kind == "harmless":
+        label = f"  [{rule.label}]" if rule is not None and rule.kind == "harmless" else ""
+        print(redact(text, secrets) + label, flush=True)
 
 
 async def cmd_check(args: argparse.Namespace) -> int:
@@ -266,9 +306,10 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         code = await _wait(sup, ns, out)
         if sup.machine.state is State.READY:
             out.say("the simulated server is serving; stopping it (the demo cleans up)")
-        await sup.kill(2.0)
         return code
     finally:
+        if sup.run is not None:  # even on Ctrl-C: the demo leaves nothing running
+            await asyncio.shield(sup.kill(2.0))
         await sup.close()
 
 
@@ -280,9 +321,22 @@ def _profile(path: str) -> Profile:
 
 def _duration_arg(text: str) -> float:
     try:
-        return parse_duration(text)
+        seconds = parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be longer than 0 (got {text!r})")
+    return seconds
+
+
+def _grace_arg(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= seconds <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 3600 seconds (got {text})")
+    return seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -318,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("kill", "TERM the run's process group, KILL after the grace, sweep by run id",
              cmd_kill)
     sp.add_argument("profile")
-    sp.add_argument("--grace", type=float, default=10.0)
+    sp.add_argument("--grace", type=_grace_arg, default=10.0, help="seconds between TERM and KILL")
 
     sp = add("logs", "print the run's log, filtered (or --raw); --follow to keep going",
              cmd_logs)

@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tui.core.command import redact
-from tui.core.errors import PreflightFailed, RunNotFound, SessionError
+from tui.core.errors import (
+    ConnectionLost,
+    HostUnreachable,
+    PreflightFailed,
+    RunNotFound,
+    SessionError,
+)
 from tui.core.noise import NoiseFilter, builtin_rules, rule_from_pattern
 from tui.core.profile import Profile
 from tui.core.protocol import (
@@ -59,6 +65,13 @@ class Notice:
 
     text: str
     level: str = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class Fatal:
+    """Watching cannot go on (the agent refused, the run dir vanished, a bug): say why."""
+
+    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +121,8 @@ class KillDone:
     killed: Killed
 
 
-SupervisorEvent = (DomainEvent | Notice | PreflightDone | RunStarted | LinkLost | LinkRestored
-                   | AgentHello | ProcsSeen | GpusSeen | KillProgress | KillDone)
+SupervisorEvent = (DomainEvent | Notice | Fatal | PreflightDone | RunStarted | LinkLost
+                   | LinkRestored | AgentHello | ProcsSeen | GpusSeen | KillProgress | KillDone)
 SessionOpener = Callable[[Any], Awaitable[Session]]
 
 
@@ -206,14 +219,21 @@ class Supervisor:
         self._begin(now)
         return self.run
 
-    async def attach(self, record: RunRecord | None = None) -> RunInfo:
-        """Follow an existing run (the profile's newest when none is given) from its first line."""
+    async def select(self, record: RunRecord | None = None) -> RunRecord:
+        """Make a run (the profile's newest when none is given) this supervisor's, unwatched:
+        enough to kill it or read its log."""
         record = record or await launcher.latest_run(await self.connect(), self.profile)
         if record is None or record.pid is None:
             raise RunNotFound(f"no run of {self.profile.key} on {self.profile.host.target}")
         started = record.started if record.started is not None else self.clock()
         self.run = RunInfo(record.run_id, record.run_dir, record.pid, started, attached=True)
+        return record
+
+    async def attach(self, record: RunRecord | None = None) -> RunInfo:
+        """Follow an existing run (the profile's newest when none is given) from its first line."""
+        await self.select(record)
         self._begin(self.clock())
+        assert self.run is not None
         return self.run
 
     async def start(self, *, launch: bool = True, skip_preflight: bool = False) -> RunInfo:
@@ -255,12 +275,15 @@ class Supervisor:
     def _watch_spec(self) -> dict[str, Any]:
         assert self.run is not None
         return {"run_dir": self.run.run_dir, "log_offset": self.log_end,
-                "redact": list(self.secrets), "procs_interval": 1.0, "gpus_interval": 1.0,
+                "redact": list(self.secrets), "secret_env": list(self.profile.server.secret_env),
+                "procs_interval": 1.0, "gpus_interval": 1.0,
                 "log_interval": 0.05,
                 "health": {"port": self.profile.server.port,
                            "paths": ["/health", "/v1/models"], "interval": 1.0}}
 
     async def _watch_loop(self) -> None:
+        """Stream the agent; a lost link is retried with capped backoff from the last byte
+        offset, anything else (the agent refusing, a bug) ends watching with a Fatal event."""
         backoff = BACKOFF_START_S
         while not self._closing:
             try:
@@ -272,10 +295,15 @@ class Supervisor:
                         backoff = BACKOFF_START_S
                     self._dispatch(event)
                 reason = "the agent ended"
-            except SessionError as exc:
+            except (ConnectionLost, HostUnreachable) as exc:
                 reason = str(exc)
             except OSError as exc:
                 reason = f"{self.profile.host.target}: {exc}"
+            except Exception as exc:  # shown as one line, never a traceback
+                if not self._closing:
+                    self._emit([Fatal(str(exc) if isinstance(exc, SessionError)
+                                      else f"internal error while watching: {exc!r}")])
+                return
             if self._closing:
                 return
             self._emit([LinkLost(self.profile.host.target, reason, backoff)])
@@ -312,6 +340,7 @@ class Supervisor:
         elif isinstance(event, RunExit):
             self._emit(m.feed_run_exit(event, now))
         elif isinstance(event, Hello):
+            self.secrets = tuple({*self.secrets, *event.redact})
             self._emit([AgentHello(event)])
             if not event.nvml_ok:
                 self._emit([Notice(f"{event.host}: no GPU data — {event.nvml_error}", "warning")])

@@ -1,9 +1,17 @@
 """specconsole's agent: runs on the GPU host, sent over stdin, streams JSON lines on stdout.
 
 Self-contained on purpose (stdlib + psutil + pynvml): nothing is installed on the host, the
-console pipes this file into the server's own interpreter (see INTERFACES.md "Agent
-invocation").  Subcommands: launch, watch, kill, runs, preflight.  Every message is one JSON
-object per line with "t" (type) and "v" (protocol version); human text never goes to stdout.
+console pipes this file into the server's own interpreter (the bootstrap and the message shapes
+are in tui/core/protocol.py, the decoder side; the design in ../shared/DESIGN.md).
+Subcommands: launch, watch, kill, runs, preflight.  Every message is one JSON object per line
+with "t" (type) and "v" (protocol version); human text never goes to stdout.
+
+Secrets: launch's spec "redact" values are replaced by «redacted» in launch.json.  watch's spec
+"redact" values, plus the values of the variables named in its "secret_env" as the run's top
+process has them in its environ, are replaced in the procs rows' "cmd".  The environ values are
+sent to the console (in hello's "redact", or in a later {"t":"secrets","redact":[...]} when the
+top pid is not known yet at hello), so that a console attached from a shell that lacks the
+secret still hides it on screen; they travel only over the SSH channel, to the same user.
 
 Cheapness matters (the agent watches a loading server for half an hour): deaths come from
 pidfds (poll wakes within milliseconds, no polling), the tree is rescanned from /proc by
@@ -79,7 +87,9 @@ def emit(t: str, **fields: object) -> None:
 
 
 def redact(text: str, secrets: list[str]) -> str:
-    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+    """Replace each secret value of 4+ characters, longest first (as tui/core/command.py does:
+    shorter ones would blank out ordinary text)."""
+    for secret in sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True):
         text = text.replace(secret, REDACTED)
     return text
 
@@ -161,6 +171,20 @@ def read_environ(pid: int) -> bytes | None:
             return b"\0" + f.read() + b"\0"
     except OSError:
         return None
+
+
+def env_values(environ: bytes, names: list[str]) -> list[str]:
+    """The values of `names` in a NUL-separated environ that are worth redacting (4+ chars)."""
+    wanted = set(names)
+    values: list[str] = []
+    for entry in environ.split(b"\0"):
+        name, sep, raw = entry.partition(b"=")
+        if not sep or name.decode("utf-8", "replace") not in wanted:
+            continue
+        value = raw.decode("utf-8", "replace")
+        if len(value) >= 4 and value not in values:
+            values.append(value)
+    return values
 
 
 def list_pids() -> set[int]:
@@ -282,6 +306,23 @@ class Run:
 
     def exit_info(self) -> dict | None:
         return read_json(self.exit_path)
+
+    def env_secrets(self, names: list[str]) -> list[str] | None:
+        """The top process's values of the variables `names`; None while its pid is unknown.
+
+        Read from /proc/<top pid>/environ, only while that pid is still the recorded top (a
+        recycled pid's environ is not ours to report); a top already gone yields [].
+        """
+        if not names:
+            return []
+        pid = self.top_pid
+        if pid is None:
+            return [] if self.pidinfo or self.exit_info() is not None else None
+        st = read_stat(pid)
+        if st is None or st.dead or not self.is_top(st):
+            return []
+        environ = read_environ(pid)
+        return env_values(environ, names) if environ is not None else []
 
     def top_alive(self) -> bool:
         """The top process lives: the very process recorded (start time), not a zombie."""
@@ -856,20 +897,26 @@ def cmd_watch(spec: dict) -> int:
     gpus_every = float(_get(spec, "gpus_interval", (int, float), 1.0))
     log_every = float(_get(spec, "log_interval", (int, float), 0.05))
     health_spec = _get(spec, "health", dict, None)
-    secrets = _str_list(spec, "redact")
+    secrets = list(_str_list(spec, "redact"))
+    secret_env = _str_list(spec, "secret_env")
     use_pidfd = pidfd_supported()
     gpus = Gpus()
+    found = run.env_secrets(secret_env)  # None only while the pid file is missing (mid-launch)
+    secrets += found or []
     emit("hello", agent=AGENT_VERSION, python=platform.python_version(),
          psutil=psutil.__version__, pynvml=gpus.version,
          nvml={"ok": gpus.ok, "error": gpus.error}, gpu_count=len(gpus.handles),
-         host=socket.gethostname(), pidfd=use_pidfd, run_id=run.run_id, time=time.time())
+         host=socket.gethostname(), pidfd=use_pidfd, run_id=run.run_id, time=time.time(),
+         redact=found or [])
     health = None
     if health_spec and isinstance(health_spec.get("port"), int):
         paths = [p for p in health_spec.get("paths") or ["/health"] if isinstance(p, str)]
         health = Health(health_spec["port"], paths, float(health_spec.get("interval", 1.0)))
         health.start()
-    Watcher(run, use_pidfd, LogTail(run.log, log_offset), gpus, secrets, health,
-            (procs_every, gpus_every, max(0.005, log_every))).loop()
+    watcher = Watcher(run, use_pidfd, LogTail(run.log, log_offset), gpus, secrets, health,
+                      (procs_every, gpus_every, max(0.005, log_every)))
+    watcher.secret_env = secret_env if found is None else []  # still to read, once pid known
+    watcher.loop()
     return 0
 
 
@@ -886,6 +933,7 @@ class Watcher:
         self.run_exited = False
         self.exit_due = False  # the top died: look for exit.json every tick, not every second
         self.finished = False
+        self.secret_env: list[str] = []  # names whose values are still to be read and sent
 
     def loop(self) -> None:
         now = time.monotonic()
@@ -949,6 +997,13 @@ class Watcher:
     def _procs(self) -> None:
         if self.tracker.run.top_pid is None:
             self.run.load_pid()
+        if self.secret_env:
+            found = self.run.env_secrets(self.secret_env)
+            if found is not None:  # the top pid is known now: once, before any procs row
+                self.secret_env = []
+                self.secrets.extend(found)
+                if found:
+                    emit("secrets", redact=found)
         self._adopt(self.tracker.scan())
         emit("procs", time=time.time(), procs=self.tracker.snapshot(time.monotonic(),
                                                                     self.secrets))

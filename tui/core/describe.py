@@ -9,6 +9,7 @@ from tui.core.state import (
     CauseUpdated,
     Death,
     Died,
+    HelperExited,
     PhaseChanged,
     Ready,
     Stalled,
@@ -52,6 +53,10 @@ def describe(event: object) -> list[str]:
         return [f"root cause ({event.death.cause.process or '?'}): {event.death.cause.line}"]
     if isinstance(event, Stalled):
         return [f"STALLED: {event.summary()}"]
+    if isinstance(event, HelperExited):
+        ex = event.exit
+        how = f"signal {ex.signal}" if ex.signal is not None else f"exit code {ex.code}"
+        return [f"note: helper process {ex.name} (pid {ex.pid}) ended with {how}"]
     if isinstance(event, StateChanged) and event.state in (State.KILLING, State.STOPPED):
         return [f"state: {event.state.value}"]
     return []

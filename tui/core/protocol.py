@@ -35,6 +35,7 @@ class Hello:
     host: str
     pidfd: bool
     time: float
+    redact: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +194,8 @@ def _hello(d: dict[str, Any]) -> Hello:
                  psutil=d.get("psutil"), pynvml=d.get("pynvml"), nvml_ok=bool(nvml.get("ok")),
                  nvml_error=nvml.get("error"), gpu_count=int(d.get("gpu_count") or 0),
                  host=str(d.get("host", "?")), pidfd=bool(d.get("pidfd")),
-                 time=float(d.get("time", 0.0)))
+                 time=float(d.get("time", 0.0)),
+                 redact=tuple(str(v) for v in d.get("redact") or ()))
 
 
 def _run(d: dict[str, Any]) -> RunRecord:
@@ -237,7 +239,7 @@ def decode(line: bytes | str, host: str = "agent") -> AgentEvent:
         version = data.get("v")
         if version != PROTOCOL_VERSION:
             raise AgentError(host, f"agent speaks protocol {version}, this console speaks "
-                                   f"{PROTOCOL_VERSION}; reinstall specconsole on both ends")
+                                   f"{PROTOCOL_VERSION}; the agent sent is not this console's")
         return _DECODERS[data["t"]](data)
     except AgentError:
         raise

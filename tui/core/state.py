@@ -39,11 +39,15 @@ class State(enum.Enum):
 
 _LIVE = {State.PREFLIGHT, State.STARTING, State.LOADING, State.READY, State.STALLED}
 
-# Processes whose death is the server's death. Helpers (model inspection, compilers, the
-# multiprocessing resource tracker) come and go; only a failing one counts.
+# vLLM's (and SGLang's) own processes: their death is the server's death, whatever the code.
+# "EngineCor": the kernel keeps 15 characters of `VLLM::EngineCore` as a zombie's name.
 _SERVER_ROLE = re.compile(
-    r"^(APIServer|EngineCore|VllmWorker|Worker|RayWorkerWrapper|mp-spawn|vllm|sglang|Scheduler)",
+    r"^(APIServer|EngineCor|VllmWorker|Worker|RayWorkerWrapper|mp-spawn|vllm|sglang|Scheduler)",
 )
+# Helpers that come and go during a launch (compilers, shells, the multiprocessing resource
+# tracker): even a failing one is reported, not taken for the server's death.
+_HELPER = re.compile(r"^(resource_tracker|g\+\+|c\+\+|gcc|cc1plus|cc1|as|ld|collect2|ninja|make"
+                     r"|sh|bash|dash|nvcc|ptxas|cicc|fatbinary|nvlink)$")
 # How vLLM reports a child's exit code: the only record of it once the parent has reaped it.
 _REPORTED_EXIT = re.compile(
     r"(?:Worker proc (?P<worker>\S+) died unexpectedly \(exit code: (?P<wcode>-?\d+)\)"
@@ -169,6 +173,8 @@ class LaunchMachine:
     # was reaped by its parent is known to the agent only by a provisional name and no code
     log_names: dict[int, str] = field(default_factory=dict)
     reported_codes: dict[str, int] = field(default_factory=dict)
+    health_paths: tuple[str, ...] = ("/health", "/v1/models")
+    _health_ok: set[str] = field(default_factory=set)
     _gpus: dict[int, _GpuTrack] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -280,7 +286,10 @@ class LaunchMachine:
         if not self.state.live or self.death is not None:
             return []
         failed = (ex.code not in (0, None)) or ex.signal is not None
-        if not (ex.top or ex.pid == self.top_pid or _SERVER_ROLE.match(ex.name)):
+        server = ex.top or ex.pid == self.top_pid or _SERVER_ROLE.match(ex.name)
+        # any other process that failed is a death too; one that ended cleanly (or was reaped
+        # before its code could be read, like vLLM's model-inspection subprocess) is not
+        if not server and (not failed or _HELPER.match(ex.name)):
             return [HelperExited(ex)] if failed else []
         self.tracker.note_death(ex.pid, ex.name)
         launched = self.launched_at if self.launched_at is not None else ex.time
@@ -293,15 +302,27 @@ class LaunchMachine:
 
     def feed_run_exit(self, ex: RunExit, at: float) -> list[DomainEvent]:
         """exit.json appeared: the top process is gone (a death unless we were killing it)."""
-        pid = ex.pid if ex.pid is not None else (self.top_pid or 0)
         if self.state is State.KILLING:
             return self.stopped(at)
+        if self.death is None and self.reported_codes:
+            # no exit event seen (attached after the fact): the log says who died first
+            first = next(iter(self.reported_codes))
+            pid = next((p for p, n in self.log_names.items() if n == first), 0)
+            return self.feed_exit(ProcExit(pid, first, self.reported_codes[first], None,
+                                           ex.time, False), at)
+        pid = ex.pid if ex.pid is not None else (self.top_pid or 0)
         name = self.procs[pid].name if pid in self.procs else "APIServer"
         return self.feed_exit(ProcExit(pid, name, ex.code, ex.signal, ex.time, True), at)
 
     def feed_health(self, health: Health, at: float) -> list[DomainEvent]:
-        """READY only when the health endpoint answers from the GPU host."""
-        if not health.ok or self.state not in (State.STARTING, State.LOADING, State.STALLED):
+        """READY only when every health path (/health, then /v1/models) answers from the
+        GPU host; a log line alone is not enough."""
+        if health.ok:
+            self._health_ok.add(health.path)
+        else:
+            self._health_ok.discard(health.path)
+        if (not self._health_ok.issuperset(self.health_paths)
+                or self.state not in (State.STARTING, State.LOADING, State.STALLED)):
             return []
         self.ready_at = at
         launched = self.launched_at if self.launched_at is not None else at
