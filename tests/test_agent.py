@@ -504,8 +504,8 @@ def test_secret_env_comes_in_a_secrets_message_once_the_pid_is_known(tmp_path: P
     run_dir = tmp_path / "runs" / "late"
     run_dir.mkdir(parents=True)
     (run_dir / "launch.json").write_text(json.dumps({"run_id": "late", "started": time.time()}))
-    server = subprocess.Popen(["sleep", "30", secret], env=agent_env(SECRET_X=secret),
-                              start_new_session=True)
+    server = subprocess.Popen(["sh", "-c", "sleep 30; true", secret],
+                              env=agent_env(SECRET_X=secret), start_new_session=True)
     agent = Agent("watch", watch_spec(run_dir, secret_env=["SECRET_X"]))
     try:
         _, hello = agent.next("hello")
@@ -517,7 +517,7 @@ def test_secret_env_comes_in_a_secrets_message_once_the_pid_is_known(tmp_path: P
         assert secrets["redact"] == [secret]
         _, procs = agent.next("procs", lambda m: any(r["pid"] == server.pid for r in m["procs"]))
         assert [r["cmd"] for r in procs["procs"] if r["pid"] == server.pid] == [
-            "sleep 30 «redacted»"]
+            "sh -c sleep 30; true «redacted»"]
         assert all(secret not in json.dumps(m) for m in agent.seen if m["t"] == "procs")
     finally:
         server.kill()

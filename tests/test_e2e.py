@@ -195,6 +195,8 @@ enabled = false
     time.sleep(0.5)
     logs = _cli("logs", str(profile), "--raw", env=env)
     assert "token=«redacted»" in logs.stdout and token not in logs.stdout
+    elsewhere = _cli("logs", str(profile), "--raw")  # a shell without the secret: the agent
+    assert "token=«redacted»" in elsewhere.stdout and token not in elsewhere.stdout  # knows it
     run_dir = next((tmp_path / "runs").iterdir())
     assert token not in (run_dir / "launch.json").read_text()
     assert (run_dir.stat().st_mode & 0o777) == 0o700

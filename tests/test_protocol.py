@@ -16,6 +16,7 @@ from tui.core.protocol import (
     ProcExit,
     Procs,
     RunExit,
+    Secrets,
     agent_stdin,
     decode,
 )
@@ -47,6 +48,8 @@ def _line(**fields: object) -> bytes:
      ProcExit, lambda e: e.signal == 9 and e.code is None and not e.top),
     ({"t": "run_exit", "pid": 7, "code": 0, "signal": None, "time": 4.0},
      RunExit, lambda e: e.code == 0),
+    ({"t": "secrets", "redact": ["hf_abcdefgh"]},
+     Secrets, lambda e: e.redact == ("hf_abcdefgh",)),
     ({"t": "health", "ok": True, "path": "/v1/models", "status": 200, "time": 5.0},
      Health, lambda e: e.ok and e.status == 200),
 ])

@@ -18,12 +18,12 @@ from tui.core.command import redact
 from tui.core.describe import death_lines, describe, duration
 from tui.core.errors import PreflightFailed, RunNotFound, SpecconsoleError
 from tui.core.explain import explain
-from tui.core.logline import parse_line, strip_escapes
+from tui.core.logline import strip_escapes
 from tui.core.phases import Phase
 from tui.core.profile import Profile, load_profile, parse_duration
 from tui.core.state import Died, LineAdded, ProgressChanged, Ready, Stalled, State
 from tui.remote import launcher
-from tui.supervisor import Fatal, LinkLost, LinkRestored, Notice, Supervisor, noise_for
+from tui.supervisor import Fatal, LinkLost, LinkRestored, Notice, Supervisor
 
 EXIT_READY = 0
 EXIT_ERROR = 1
@@ -214,33 +214,31 @@ async def cmd_kill(args: argparse.Namespace) -> int:
 
 
 async def cmd_logs(args: argparse.Namespace) -> int:
-    """The run's log: streamed once with `cat` (no agent), or followed through the agent."""
+    """The run's log through the agent (which knows the secrets to redact, even when this
+    shell does not): up to its size when asked, or followed."""
     sup = Supervisor(_profile(args.profile))
+    events = sup.subscribe()
     try:
-        if args.follow:
-            return await _follow_log(sup, args.raw)
         record = await sup.select()
-        session = await sup.connect()
-        noise = noise_for(sup.profile)
-        stream = await session.stream(["cat", "--", f"{record.run_dir}/server.log"])
-        while raw := await stream.readline():
-            line = parse_line(raw.decode("utf-8", "replace").rstrip("\n"))
-            _print_line(line.plain, noise.classify(line), args.raw, sup.secrets)
-        return await stream.wait()
+        size = None
+        if not args.follow:
+            result = await (await sup.connect()).run(
+                ["stat", "-c", "%s", f"{record.run_dir}/server.log"])
+            size = int(result.stdout or b"0") if result.returncode == 0 else 0
+            if size == 0:
+                return 0
+        await sup.attach(record)
+        while True:
+            event = await events.get()
+            if isinstance(event, LineAdded):
+                _print_line(event.line.plain, event.rule, args.raw, sup.secrets)
+                if size is not None and sup.log_end >= size:
+                    return 0
+            elif isinstance(event, Fatal):
+                _err(event.text)
+                return EXIT_ERROR
     finally:
         await sup.close()
-
-
-async def _follow_log(sup: Supervisor, raw: bool) -> int:
-    events = sup.subscribe()
-    await sup.attach()
-    while True:
-        event = await events.get()
-        if isinstance(event, LineAdded):
-            _print_line(event.line.plain, event.rule, raw, ())
-        elif isinstance(event, Fatal):
-            _err(event.text)
-            return EXIT_ERROR
 
 
 def _print_line(text: str, rule: Any, raw: bool, secrets: Sequence[str]) -> None:

@@ -39,6 +39,7 @@ from tui.core.protocol import (
     Procs,
     RunExit,
     RunRecord,
+    Secrets,
 )
 from tui.core.state import DomainEvent, LaunchMachine, State
 from tui.remote import launcher
@@ -339,11 +340,13 @@ class Supervisor:
             self._emit(m.feed_health(event, now))
         elif isinstance(event, RunExit):
             self._emit(m.feed_run_exit(event, now))
-        elif isinstance(event, Hello):
+        elif isinstance(event, (Hello, Secrets)):
             self.secrets = tuple({*self.secrets, *event.redact})
-            self._emit([AgentHello(event)])
-            if not event.nvml_ok:
-                self._emit([Notice(f"{event.host}: no GPU data — {event.nvml_error}", "warning")])
+            if isinstance(event, Hello):
+                self._emit([AgentHello(event)])
+                if not event.nvml_ok:
+                    self._emit([Notice(f"{event.host}: no GPU data — {event.nvml_error}",
+                                       "warning")])
         elif isinstance(event, AgentFault):
             self._emit([Notice(f"agent: {event.kind}: {event.message}", "warning")])
 

@@ -39,6 +39,13 @@ class Hello:
 
 
 @dataclass(frozen=True, slots=True)
+class Secrets:
+    """Values of the profile's secret_env read from the server's environment, to redact."""
+
+    redact: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ProcInfo:
     pid: int
     ppid: int | None
@@ -172,8 +179,8 @@ class Preflight:
     checks: tuple[Check, ...] = field(default_factory=tuple)
 
 
-AgentEvent = (Hello | Procs | Gpus | LogChunk | ProcExit | RunExit | Health | AgentFault | Launched
-              | KillStep | Killed | Runs | Preflight)
+AgentEvent = (Hello | Secrets | Procs | Gpus | LogChunk | ProcExit | RunExit | Health | AgentFault
+              | Launched | KillStep | Killed | Runs | Preflight)
 
 
 def _proc(d: dict[str, Any]) -> ProcInfo:
@@ -206,6 +213,7 @@ def _run(d: dict[str, Any]) -> RunRecord:
 
 _DECODERS: dict[str, Any] = {
     "hello": _hello,
+    "secrets": lambda d: Secrets(tuple(str(v) for v in d.get("redact") or ())),
     "procs": lambda d: Procs(float(d["time"]), tuple(_proc(p) for p in d.get("procs") or ())),
     "gpus": lambda d: Gpus(float(d["time"]), tuple(_gpu(g) for g in d.get("gpus") or ())),
     "log": lambda d: LogChunk(int(d["off"]), int(d["end"]), tuple(d.get("lines") or ())),
