@@ -23,6 +23,7 @@ import pytest
 from helpers import alive
 from sshserver import SSHTestServer
 
+from tui.core.command import shell_join
 from tui.core.errors import (
     AuthRefused,
     ConnectionLost,
@@ -98,7 +99,7 @@ async def test_argv_arrives_literal(session: Session, ssh_server: SSHTestServer,
     assert not marker.exists()
     assert (victim / "keep").exists()
     if not session.is_local:
-        assert ssh_server.commands[-1] == shlex.join(argv)
+        assert ssh_server.commands[-1] == shell_join(argv)  # the one command builder
 
 
 async def test_stdin_round_trip(session: Session) -> None:
@@ -214,7 +215,7 @@ async def test_check_python_without_psutil(session: Session, tmp_path: Path) -> 
             await check_python(session, python)
         message = str(caught.value)
         assert "cannot import psutil (ImportError: psutil is hidden in this test)" in message
-        assert "point host.python at the server's venv, which has both" in message
+        assert "point host.python at the server's venv, which has psutil and pynvml" in message
         assert "pynvml" not in message.split("(")[0] and "\n" not in message
 
 
@@ -297,6 +298,48 @@ async def test_accept_new_when_not_strict(ssh_server: SSHTestServer, tmp_path: P
     await session.close()
     fresh.write_text(ssh_server.known_hosts_line(asyncssh.generate_private_key("ssh-ed25519")))
     await refused(ssh_server, HostKeyChanged, known_hosts=str(fresh), strict_host_keys=False)
+
+
+@pytest.mark.parametrize("user_files", ["user", "system user", ""])
+async def test_accept_new_never_writes_a_system_file(
+        ssh_server: SSHTestServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        user_files: str) -> None:
+    # ssh_config names a system-wide file as a second source (GlobalKnownHostsFile, and even
+    # among the UserKnownHostsFile list): accept-new writes the user's file, never that one.
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    system = tmp_path / "etc" / "ssh_known_hosts"
+    system.parent.mkdir()
+    other_host = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode()
+    system.write_text(f"gpu-other {other_host.split()[0]} {other_host.split()[1]}\n")
+    user = tmp_path / "user_known_hosts"
+    names = {"user": str(user), "system": str(system)}
+    listed = " ".join(names[name] for name in user_files.split())
+    written = user if listed else home / ".ssh" / "known_hosts"  # ssh's default user file
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host gpu-7\n    HostName 127.0.0.1\n    Port {ssh_server.port}\n"
+        f"    User {ssh_server.user}\n    IdentityFile {ssh_server.client_key}\n"
+        + (f"    UserKnownHostsFile {listed}\n" if listed else "")
+        + f"    GlobalKnownHostsFile {system}\n")
+    before = system.read_bytes(), system.stat().st_mtime_ns
+
+    session = await connect(ssh_server, "gpu-7", config, strict_host_keys=False)
+    await session.close()
+    assert written.read_text() == ssh_server.known_hosts_line()
+    assert (system.read_bytes(), system.stat().st_mtime_ns) == before
+    session = await connect(ssh_server, "gpu-7", config)  # strict now, and known from the user's
+    await session.close()
+
+    # A changed key, even one only the system file holds, stays refused and nothing is written.
+    written.unlink()
+    impostor = ssh_server.known_hosts_line(asyncssh.generate_private_key("ssh-ed25519"))
+    system.write_text(impostor)
+    before = system.read_bytes(), system.stat().st_mtime_ns
+    message = await refused(ssh_server, HostKeyChanged, "gpu-7", config, strict_host_keys=False)
+    assert f"-f {system}" in message
+    assert not written.exists()
+    assert (system.read_bytes(), system.stat().st_mtime_ns) == before
 
 
 async def test_wrong_client_key(ssh_server: SSHTestServer, tmp_path: Path) -> None:

@@ -1,9 +1,9 @@
 """From a profile to the argv that starts the server, and the care its secrets need.
 
 Everything here returns argv lists, never shell text: the only place a command becomes a string
-is `shell_join` (shlex), so a profile value like `$(touch /tmp/pwned)` reaches the server as
-literal text. Secret values travel in the agent's stdin spec, never in argv, and are redacted
-from anything written down.
+is `shell_join` (shlex), which `tui.remote.session.SSHSession` applies to every remote command,
+so a profile value like `$(touch /tmp/pwned)` reaches the server as literal text. Secret values
+travel in the agent's stdin spec, never in argv, and are redacted from anything written down.
 """
 
 from __future__ import annotations
@@ -20,7 +20,14 @@ from tui.core.errors import ProfileError
 from tui.core.profile import Profile
 
 REDACTED = "«redacted»"
-shell_join = shlex.join
+
+
+def shell_join(argv: Iterable[str]) -> str:
+    """argv as one POSIX shell command line, each word quoted so the shell runs it literally.
+
+    The one place a command becomes text: SSHSession sends every remote command through it.
+    """
+    return shlex.join(argv)
 
 
 def host_python(profile: Profile) -> str:

@@ -11,11 +11,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from tui.core.errors import AgentError, RemoteModuleMissing, RemotePythonMissing
+from tui.core.errors import AgentError, RemoteModuleMissing
 from tui.core.protocol import AGENT_BOOTSTRAP, AgentEvent, AgentFault, agent_stdin, decode
-from tui.remote.session import Session
-
-MODULE_FIX = "point host.python at the server's venv, which has psutil and pynvml"
+from tui.remote.session import MODULE_FIX, Session, python_missing
 
 
 def agent_code() -> bytes:
@@ -45,11 +43,10 @@ def _start_failure(session: Session, target: AgentTarget, code: int, stderr: str
         if isinstance(ev, AgentFault):
             if ev.kind == "missing_module":
                 return RemoteModuleMissing(session.host, f"{target.python} cannot import "
-                                           f"{ev.module or 'a module'}: {MODULE_FIX}")
+                                           f"{ev.module or 'a module'} — {MODULE_FIX}")
             return AgentError(session.host, f"{ev.kind}: {ev.message}")
-    if code == 127 or "No such file or directory" in stderr or "not found" in stderr:
-        return RemotePythonMissing(session.host, f"remote Python {target.python!r} not found; "
-                                   "set host.python to the server's venv python")
+    if not events and (missing := python_missing(session.host, target.python, code, stderr)):
+        return missing
     if code != 0:
         last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit code {code}"
         return AgentError(session.host, f"agent failed: {last}")

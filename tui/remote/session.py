@@ -5,7 +5,8 @@ Everything above this module sees `Session` and `Stream` only, and only the type
 name the host and the fix, so no traceback ever reaches a user.
 
 Commands are argv lists. Locally they are exec'd without a shell; over SSH the remote shell gets
-`shlex.join(argv)`, so a profile value such as `$(touch /tmp/pwned)` arrives as literal text.
+`tui.core.command.shell_join(argv)` (the one place a command becomes text), so a profile value
+such as `$(touch /tmp/pwned)` arrives as literal text.
 Host keys are always checked against a known_hosts file (never `known_hosts=None`).
 """
 
@@ -27,6 +28,7 @@ from typing import Any
 
 import asyncssh
 
+from tui.core.command import shell_join
 from tui.core.errors import (
     AuthRefused,
     ConnectionLost,
@@ -318,13 +320,34 @@ def _config_paths(explicit: str | os.PathLike[str] | None) -> list[str]:
     return [str(default)] if os.access(default, os.R_OK) else []
 
 
-def _known_hosts_files(profile_value: str | None, configured: object) -> list[Path]:
-    """The profile's file, else ssh_config's UserKnownHostsFile, else ssh's defaults."""
+_DEFAULT_USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
+_DEFAULT_GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
+
+
+def _known_hosts_files(profile_value: str | None, config: Any) -> tuple[Path, list[Path]]:
+    """(the user's file, every file checked): what accept-new may write, and what is trusted.
+
+    The profile's file alone, when set. Otherwise ssh's rule: the UserKnownHostsFile list
+    (default ~/.ssh/known_hosts), then the GlobalKnownHostsFile list (default
+    /etc/ssh/ssh_known_hosts). Only the first user file is ever written; the global ones are
+    system files, read and never written.
+    """
     if profile_value:
-        return [Path(profile_value).expanduser()]
-    if isinstance(configured, (list, tuple)) and configured:
-        return [Path(str(p)).expanduser() for p in configured]
-    return [Path("~/.ssh/known_hosts").expanduser(), Path("/etc/ssh/ssh_known_hosts")]
+        user = Path(profile_value).expanduser()
+        return user, [user]
+
+    def listed(option: str, default: str) -> list[Path]:
+        value = config.get(option, None) if config is not None else None
+        names = [str(p) for p in value] if isinstance(value, (list, tuple)) and value else [
+            default]  # unset, or `none`: ssh's default
+        return [Path(name).expanduser() for name in names]
+
+    users = listed("UserKnownHostsFile", _DEFAULT_USER_KNOWN_HOSTS)
+    systems = listed("GlobalKnownHostsFile", _DEFAULT_GLOBAL_KNOWN_HOSTS)
+    writable = [p for p in users if p not in systems] or [
+        Path(_DEFAULT_USER_KNOWN_HOSTS).expanduser()]  # a system file is never the user's
+    checked = list(dict.fromkeys([writable[0], *users, *systems]))
+    return writable[0], checked
 
 
 def _load_known_hosts(label: str, files: list[Path]) -> asyncssh.SSHKnownHosts:
@@ -353,7 +376,8 @@ class _Hop:
     host: str
     port: int
     username: str
-    known_hosts: list[Path]
+    user_known_hosts: Path  # the one file accept-new writes and the hints name
+    known_hosts: list[Path]  # every file checked, the user's first
     via: str | None
     config_name: str
     client: _Client | None = None
@@ -363,9 +387,20 @@ class _Hop:
         return f"{self.host} port {self.port}"
 
 
+def _entry_file(hop: _Hop) -> Path:
+    """The checked file that holds an entry for the hop's host (else the user's file)."""
+    for path in hop.known_hosts:
+        known = asyncssh.SSHKnownHosts()
+        with contextlib.suppress(OSError, ValueError):
+            known.load(path.read_text())
+            if any(known.match(hop.host, "", hop.port)[:3]):
+                return path
+    return hop.user_known_hosts
+
+
 def _host_key_error(hop: _Hop) -> SessionError:
     pattern = hop.host if hop.port == 22 else f"[{hop.host}]:{hop.port}"
-    file = _display(hop.known_hosts[0])
+    file = _display(hop.user_known_hosts)
     scan = f"ssh-keyscan -p {hop.port} {shlex.quote(hop.host)}"
     if hop.via:  # the host is reachable only from the jump host: scan it from there
         *before, last = hop.via.split(",")
@@ -375,11 +410,12 @@ def _host_key_error(hop: _Hop) -> SessionError:
     if not had_entry:
         return HostKeyUnknown(hop.label, f"host key unknown — not in {file}; verify it and add "
                                          f"it with: {scan} >> {file}")
+    entry = _display(_entry_file(hop))
     return HostKeyChanged(hop.label, f"host key changed — {hop.where} offers a key that differs "
-                                     f"from the one in {file} (a reinstalled host, or someone in "
+                                     f"from the one in {entry} (a reinstalled host, or someone in "
                                      f"the middle); once you have verified the new key, remove "
                                      f"the old one with: ssh-keygen -R {shlex.quote(pattern)} "
-                                     f"-f {file} and add the new one with: {scan} >> {file}")
+                                     f"-f {entry} and add the new one with: {scan} >> {file}")
 
 
 def _connect_error(hop: _Hop, exc: BaseException, timeout: float | None) -> SessionError:
@@ -416,18 +452,28 @@ def _connect_error(hop: _Hop, exc: BaseException, timeout: float | None) -> Sess
 
 
 def _record_accepted_key(hop: _Hop) -> None:
-    """accept-new (strict_host_keys = false): remember a first-seen key once it proved itself."""
+    """accept-new (strict_host_keys = false): remember a first-seen key once it proved itself.
+
+    Only a host with no entry in any checked file gets here (a changed key stays refused), and
+    the key goes to the user's file only: the profile's known_hosts, else the first
+    UserKnownHostsFile (~/.ssh/known_hosts) — never a GlobalKnownHostsFile such as
+    /etc/ssh/ssh_known_hosts.
+    """
     if hop.client is None or hop.client.accepted_key is None:
         return
     host, port, key = hop.client.accepted_key
     pattern = host if port == 22 else f"[{host}]:{port}"
     algorithm, data = key.export_public_key().decode().split()[:2]
     line = f"{pattern} {algorithm} {data}\n"
-    path = hop.known_hosts[0]
+    path = hop.user_known_hosts
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with path.open("a") as file:
-            file.write(line)
+        with path.open("a+b") as file:
+            if file.tell():  # never glue the entry onto a last line that lacks its newline
+                file.seek(-1, os.SEEK_END)
+                if file.read(1) != b"\n":
+                    line = "\n" + line
+            file.write(line.encode())
     except OSError as exc:
         raise SessionError(hop.label, f"cannot record the new host key in {_display(path)}: "
                                       f"{exc.strerror}") from exc
@@ -463,9 +509,10 @@ class _Connector:
             via = resolved.tunnel
             tunnel = await self.chain(resolved.tunnel, depth + 1)
         strict = bool(getattr(self._cfg, "strict_host_keys", True))
-        hop = _Hop(label, resolved.host, resolved.port, resolved.username,
-                   _known_hosts_files(getattr(self._cfg, "known_hosts", None),
-                                      resolved.known_hosts), via, self._config_name)
+        user_file, checked = _known_hosts_files(getattr(self._cfg, "known_hosts", None),
+                                                getattr(resolved, "config", None))
+        hop = _Hop(label, resolved.host, resolved.port, resolved.username, user_file, checked,
+                   via, self._config_name)
         known = _load_known_hosts(label, hop.known_hosts)
         client = hop.client = _Client(known, strict)
         timeout = getattr(self._cfg, "connect_timeout", 15.0)
@@ -583,7 +630,7 @@ class SSHSession(Session):
         if not argv:
             raise ValueError("empty argv")
         with self.translate():
-            return await self._conn.create_process(shlex.join(argv), encoding=None)
+            return await self._conn.create_process(shell_join(argv), encoding=None)
 
     async def run(self, argv: list[str], stdin: bytes = b"",
                   timeout: float | None = None) -> CommandResult:
@@ -657,8 +704,23 @@ for name in ("psutil", "pynvml"):
 sys.stdout.write(json.dumps(out) + "\\n")
 """
 
-_PYTHON_FIX = "set host.python to the server's venv python (e.g. /opt/vllm/.venv/bin/python)"
-_MODULE_FIX = "point host.python at the server's venv, which has both"
+PYTHON_FIX = "set host.python to the server's venv python (e.g. /opt/vllm/.venv/bin/python)"
+MODULE_FIX = "point host.python at the server's venv, which has psutil and pynvml"
+
+
+def python_missing(host: str, python: str, code: int, stderr: str) -> RemotePythonMissing | None:
+    """The interpreter never started (exit 127/126, or the shell's "not found"), else None.
+
+    The one test and wording for check_python and the agent (tui.remote.agent_link) alike.
+    """
+    err = stderr.strip()
+    if not (code in (_SHELL_NOT_FOUND, _SHELL_NOT_EXECUTABLE)
+            or (code and ("not found" in err or "No such file" in err))):
+        return None
+    why = "is not executable" if code == _SHELL_NOT_EXECUTABLE else "not found"
+    if err:
+        why += f": {_one_line(err.splitlines()[-1])}"
+    return RemotePythonMissing(host, f"no Python at {python} ({why}) — {PYTHON_FIX}")
 
 
 async def check_python(session: Session, python: str | Sequence[str],
@@ -672,21 +734,19 @@ async def check_python(session: Session, python: str | Sequence[str],
     result = await session.run([*prefix, "-c", _PROBE], timeout=timeout)
     err = result.stderr.decode("utf-8", "replace").strip()
     last = _one_line(err.splitlines()[-1]) if err else ""
-    if result.returncode in (_SHELL_NOT_FOUND, _SHELL_NOT_EXECUTABLE) or (
-            result.returncode and ("not found" in err or "No such file" in err)):
-        why = "is not executable" if result.returncode == _SHELL_NOT_EXECUTABLE else "not found"
-        raise RemotePythonMissing(session.host, f"no Python at {shown} ({why}: {last}) — "
-                                                f"{_PYTHON_FIX}")
+    missing_python = python_missing(session.host, shown, result.returncode, err)
+    if missing_python is not None:
+        raise missing_python
     try:
         report = json.loads(result.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
         missing: dict[str, str] = report.pop("missing")
     except (ValueError, IndexError, KeyError, AttributeError):
         detail = last or f"exit code {result.returncode}"
         raise RemotePythonMissing(session.host, f"{shown} did not run as Python 3 ({detail}) — "
-                                                f"{_PYTHON_FIX}") from None
+                                                f"{PYTHON_FIX}") from None
     if missing:
         names = sorted(missing)
         first = _one_line(missing[names[0]])
         raise RemoteModuleMissing(session.host, f"{shown} cannot import {', '.join(names)} "
-                                                f"({first}) — {_MODULE_FIX}")
+                                                f"({first}) — {MODULE_FIX}")
     return {key: str(value) for key, value in report.items()}

@@ -1,9 +1,10 @@
 """Writer side of the fake NVML's state directory (the reader is `fakenvml/pynvml.py`).
 
-Layout (INTERFACES.md, "Fake NVML"): `devices.json` {"count","name","total"} and one
-`holder-<pid>.json` {"pid","gpu","used","util"} per simulated worker. Files are replaced
-atomically so the reader never sees half a file; a holder whose process died is ignored and
-deleted by the reader, so a SIGKILLed worker "releases" its memory like a real one.
+Layout, as the reader `tui/sim/fakenvml/pynvml.py` documents it: `devices.json`
+{"count","name","total"} and one `holder-<pid>.json` {"pid","gpu","used","util"} per simulated
+worker. Files are replaced atomically so the reader never sees half a file; a holder whose
+process died is ignored and deleted by the reader, so a SIGKILLed worker "releases" its memory
+like a real one.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Format: `(<Proc> pid=<N>) <LEVEL> <MM-DD> <HH:MM:SS> [<file>.py:<line>] <message>`. Every line
 this process writes itself ends with ` [sim#<n>]`, n counting per process from 1, so a test can
 prove that a pipeline lost or doubled nothing. Python's own traceback text (worker errors,
-bare tracebacks) carries no counter, as `INTERFACES.md` agreed. Each record is one `os.write`
+bare tracebacks) carries no counter: `check_sequences` in tests/test_sim.py counts only the
+tagged lines. Each record is one `os.write`
 to the inherited fd, so lines of concurrent processes appending to one log never interleave.
 """
 
