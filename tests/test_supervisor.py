@@ -10,7 +10,7 @@ from helpers import carriers, sim_profile
 
 from tui.core.profile import load_profile
 from tui.core.state import Died, LineAdded, Ready, State
-from tui.supervisor import KillDone, Supervisor
+from tui.supervisor import KillDone, LinkLost, LinkRestored, Supervisor
 
 
 async def _until(events: asyncio.Queue, kind: type, timeout: float = 30) -> object:
@@ -80,3 +80,55 @@ async def test_reattach_replays_the_whole_log_once_and_finds_the_phase(tmp_path:
         assert carriers(run_id) == []
     finally:
         await second.close()
+
+
+async def test_link_lost_mid_load_resumes_with_every_line_exactly_once(
+        tmp_path: Path, ssh_server, monkeypatch) -> None:
+    monkeypatch.setenv("SPECCONSOLE_SSH_CONFIG", str(ssh_server.ssh_config))
+    profile = load_profile(sim_profile(tmp_path, "ready", target=ssh_server.alias,
+                                       time_scale=150))
+    sup = Supervisor(profile)
+    events = sup.subscribe()
+    lines: list[LineAdded] = []
+    try:
+        await sup.launch(skip_preflight=True)
+
+        async def collect(until: type | None, count: int = 0) -> object:
+            while True:
+                event = await events.get()
+                if isinstance(event, LineAdded):
+                    lines.append(event)
+                    if until is None and len(lines) >= count:
+                        return event
+                elif until is not None and isinstance(event, until):
+                    return event
+
+        await asyncio.wait_for(collect(None, 30), 30)
+        await ssh_server.stop()                      # sshd gone: every channel drops
+        lost = await asyncio.wait_for(collect(LinkLost), 10)
+        assert lost.host == ssh_server.alias
+        await asyncio.sleep(1.0)                     # the server keeps logging meanwhile
+        await ssh_server.start()
+        await asyncio.wait_for(collect(LinkRestored), 30)
+        await asyncio.wait_for(collect(None, len(lines) + 30), 30)
+    finally:
+        await sup.kill(1.0)
+        await sup.close()
+    offsets = [e.line.offset for e in lines]
+    assert offsets == sorted(set(offsets)), "a line was shown twice or out of order"
+    log = (Path(sup.run.run_dir) / "server.log").read_bytes()
+    shown = {e.line.offset for e in lines}
+    starts, pos = [], 0
+    for raw in log.split(b"\n")[:-1]:
+        starts.append(pos)
+        pos += len(raw) + 1
+    assert [s for s in starts if s <= max(shown)] == sorted(shown), "a line was lost"
+    # and by the simulator's own numbering: each process numbers the lines it writes (the
+    # unprefixed tqdm and uvicorn lines are numbered by Worker_TP0 and the API server)
+    per_proc: dict[str, list[int]] = {}
+    for e in lines:
+        if "[sim#" in e.line.raw and e.line.proc not in (None, "Worker_TP0", "APIServer"):
+            per_proc.setdefault(e.line.proc, []).append(int(e.line.raw.rsplit("[sim#", 1)[1][:-1]))
+    assert len(per_proc) >= 8
+    for proc, seqs in per_proc.items():
+        assert seqs == list(range(1, len(seqs) + 1)), f"{proc}: sequence numbers {seqs[:20]}"
