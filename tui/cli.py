@@ -313,7 +313,16 @@ async def cmd_demo(args: argparse.Namespace) -> int:
 
 # -- parsing ---------------------------------------------------------------------------------
 
-def _profile(path: str) -> Profile:
+PROFILE_DIRS = (Path("profiles"), Path("~/.config/specconsole/profiles").expanduser())
+
+
+def _profile(name: str) -> Profile:
+    """A profile by path, or by name from ./profiles or ~/.config/specconsole/profiles."""
+    path = Path(name)
+    if not path.exists() and path.parent == Path("."):
+        stem = path.name.removesuffix(".toml")
+        path = next((d / f"{stem}.toml" for d in PROFILE_DIRS if (d / f"{stem}.toml").exists()),
+                    path)
     return load_profile(path)
 
 
@@ -341,7 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="specconsole",
         description="Launch and supervise LLM inference servers on GPU hosts over SSH.",
-        epilog="wait exit codes: 0 ready, 3 dead, 4 timeout, 5 stalled, 1 error, 2 bad input")
+        epilog="exit codes: 0 ready, 1 error, 2 bad input, 3 dead, 4 timeout, 5 stalled, "
+               "6 preflight refused")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def add(name: str, help_: str, fn: Callable[..., Any]) -> argparse.ArgumentParser:
@@ -349,30 +359,30 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(fn=fn)
         return sp
 
-    sp = add("launch", "start the profile's server detached on its host (after preflight)",
+    sp = add("launch", "preflight, then start the server detached on its host",
              cmd_launch)
     sp.add_argument("profile")
     sp.add_argument("--skip-preflight", action="store_true")
 
-    sp = add("wait", "follow the profile's run until ready (0), dead (3), timeout (4), stalled (5)",
+    sp = add("wait", "follow the run until ready (0), dead (3), timeout, stall",
              cmd_wait)
     sp.add_argument("profile")
     sp.add_argument("--launch", action="store_true", help="launch when no run is alive")
-    sp.add_argument("--until", choices=["ready"], default="ready")
+    sp.add_argument("--until", choices=["ready"], default="ready", help="what to wait for")
     sp.add_argument("--timeout", type=_duration_arg, default=None, help="e.g. 40m, 90s")
     sp.add_argument("--json", action="store_true", help="one JSON object per line")
     sp.add_argument("--skip-preflight", action="store_true")
 
-    sp = add("status", "list the runs of a profile (or of every profile in ./profiles)",
+    sp = add("status", "the runs of a profile (or of every profile in ./profiles)",
              cmd_status)
     sp.add_argument("profile", nargs="?")
 
-    sp = add("kill", "TERM the run's process group, KILL after the grace, sweep by run id",
+    sp = add("kill", "TERM the run, KILL after the grace, sweep by run id",
              cmd_kill)
     sp.add_argument("profile")
     sp.add_argument("--grace", type=_grace_arg, default=10.0, help="seconds between TERM and KILL")
 
-    sp = add("logs", "print the run's log, filtered (or --raw); --follow to keep going",
+    sp = add("logs", "the run's log, noise-filtered (or --raw); --follow",
              cmd_logs)
     sp.add_argument("profile")
     sp.add_argument("--raw", action="store_true")
@@ -381,13 +391,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("check", "run the profile's preflight checks only", cmd_check)
     sp.add_argument("profile")
 
-    sp = add("explain", "post-mortem of a saved vLLM log: outcome, last phase, root cause",
+    sp = add("explain", "post-mortem of a saved log: outcome, phase, root cause",
              cmd_explain)
     sp.add_argument("logfile")
     sp.add_argument("--engine", default="vllm", choices=["vllm"])
     sp.add_argument("--json", action="store_true")
 
-    sp = add("demo", "run the simulated engine locally (no GPU, no SSH) and follow it",
+    sp = add("demo", "the simulated engine, locally: no GPU, no SSH, no setup",
              cmd_demo)
     sp.add_argument("--scenario", default="ready",
                     choices=["ready", "syntax-error", "oom", "hang", "engine-killed"])
