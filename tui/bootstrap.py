@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 import urllib.request
 import venv
 from pathlib import Path
@@ -30,7 +31,9 @@ def _python() -> Path:
 def _fetch_pip_wheel(into: Path) -> Path:
     with urllib.request.urlopen(PYPI_PIP, timeout=60) as resp:
         info = json.load(resp)
-    url = next(u["url"] for u in info["urls"] if u["filename"].endswith(".whl"))
+        base = resp.url
+    url = urllib.parse.urljoin(base, next(u["url"] for u in info["urls"]
+                                          if u["filename"].endswith(".whl")))
     wheel = into / url.rsplit("/", 1)[-1]
     with urllib.request.urlopen(url, timeout=120) as resp:
         wheel.write_bytes(resp.read())
