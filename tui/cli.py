@@ -99,7 +99,7 @@ async def _wait(sup: Supervisor, args: argparse.Namespace, out: _Printer) -> int
             continue
         for line in describe(event):
             out.say(line, state=sup.machine.state.value)
-        if isinstance(event, Ready):
+        if isinstance(event, Ready) and not getattr(args, "past_ready", False):
             return EXIT_READY
         if isinstance(event, Stalled):
             return EXIT_STALLED
@@ -300,7 +300,9 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     sup = Supervisor(profile)
     out = _Printer(False)
     try:
-        ns = argparse.Namespace(launch=True, skip_preflight=False, timeout=None)
+        # engine-killed dies while serving: keep watching past READY to show the death
+        ns = argparse.Namespace(launch=True, skip_preflight=False, timeout=None,
+                                past_ready=args.scenario == "engine-killed")
         code = await _wait(sup, ns, out)
         if sup.machine.state is State.READY:
             out.say("the simulated server is serving; stopping it (the demo cleans up)")

@@ -5,6 +5,8 @@ The same sentences everywhere, so a user who read the console can grep a script'
 
 from __future__ import annotations
 
+import signal
+
 from tui.core.state import (
     CauseUpdated,
     Death,
@@ -29,6 +31,16 @@ def duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
+_NATIVE_CRASH = {signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def death_lines(death: Death) -> list[str]:
     """The DEAD headline and its root cause, as `wait` prints them and the banner shows them."""
     phase = f" while {death.phase.label}" if death.phase is not None else ""
@@ -36,6 +48,13 @@ def death_lines(death: Death) -> list[str]:
     if death.cause is not None:
         who = f" ({death.cause.process})" if death.cause.process else ""
         lines.append(f"root cause{who}: {death.cause.line}")
+    elif death.signal in _NATIVE_CRASH:
+        lines.append(f"root cause: native crash ({_signal_name(death.signal)}), no Python "
+                     "traceback; read the log lines just before it")
+    elif death.signal is not None:
+        lines.append(f"root cause: killed by {_signal_name(death.signal)} from outside the "
+                     "process, so no traceback (a user, a scheduler, or the OOM killer: "
+                     "see dmesg)")
     else:
         lines.append("root cause: not found in the log (see `specconsole logs --raw`)")
     return lines

@@ -57,7 +57,7 @@ _LABELS = {
     Phase.KV_CACHE: "allocating KV cache",
     Phase.CUDA_GRAPHS: "capturing CUDA graphs",
     Phase.API_SERVER: "starting API server",
-    Phase.READY_LOG: "ready (log)",
+    Phase.READY_LOG: "application started",
     Phase.SERVING: "serving",
 }
 

@@ -293,7 +293,9 @@ class LaunchMachine:
             return [HelperExited(ex)] if failed else []
         self.tracker.note_death(ex.pid, ex.name)
         launched = self.launched_at if self.launched_at is not None else ex.time
-        phase = self.timeline.current.phase if self.timeline and self.timeline.current else None
+        phase = (Phase.SERVING if self.state is State.READY
+                 else self.timeline.current.phase if self.timeline and self.timeline.current
+                 else None)
         self.death = Death(ex.pid, ex.name, ex.code, ex.signal, ex.time,
                            max(0.0, ex.time - launched), phase, self.tracker.cause())
         if self.timeline is not None:

@@ -55,6 +55,8 @@ class Timeline:
                 cur.progress = progress
             if shards is not None:
                 cur.shards = shards
+            elif progress is not None and progress >= 1.0 and cur.shards is not None:
+                cur.shards = (cur.shards[1], cur.shards[1])  # "took N s": every shard is in
 
     def finish(self, at: float, failed: bool = False) -> None:
         """Close the timeline: ready (failed=False) or died/stopped in the current phase."""

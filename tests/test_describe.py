@@ -1,0 +1,33 @@
+"""What `wait` and the banner say about a death, in words."""
+
+from __future__ import annotations
+
+import pytest
+
+from tui.core.describe import death_lines, duration
+from tui.core.phases import Phase
+from tui.core.rootcause import RootCause
+from tui.core.state import Death
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (9.54, "9.5s"), (59.9, "59.9s"), (724, "12m04s"), (3720, "1h02m")])
+def test_duration(seconds: float, text: str) -> None:
+    assert duration(seconds) == text
+
+
+@pytest.mark.parametrize(("code", "sig", "expect"), [
+    (1, None, ["exit code 1", "SyntaxError: '(' was never closed (/m/kimi_k25.py, line 12)"]),
+    (None, 9, ["signal 9", "killed by SIGKILL from outside", "dmesg"]),
+    (None, 11, ["signal 11", "native crash (SIGSEGV)"]),
+    (None, None, ["exit code unknown", "not found in the log"]),
+])
+def test_death_lines(code: int | None, sig: int | None, expect: list[str]) -> None:
+    cause = (RootCause("SyntaxError: '(' was never closed (/m/kimi_k25.py, line 12)",
+                       "Worker_TP3", 303, 10) if code == 1 else None)
+    lines = death_lines(Death(303, "Worker_TP3", code, sig, 23.0, 23.0, Phase.WEIGHTS, cause))
+    assert lines[0].startswith("DEAD: Worker_TP3 (pid 303) died")
+    assert "23.0s after launch while loading weights" in lines[0]
+    text = "\n".join(lines)
+    for fragment in expect:
+        assert fragment in text
