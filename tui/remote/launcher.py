@@ -16,6 +16,7 @@ from tui.core.command import build_server_argv, host_python, new_run_id, resolve
 from tui.core.errors import AgentError
 from tui.core.profile import Profile
 from tui.core.protocol import Check, Killed, KillStep, Launched, Preflight, RunRecord, Runs
+from tui.core.speculative import speculative_checks
 from tui.remote.agent_link import AgentTarget, call_agent
 from tui.remote.session import Session
 
@@ -103,7 +104,7 @@ async def preflight(session: Session, profile: Profile) -> tuple[Check, ...]:
     }
     for ev in await call_agent(session, agent_target(profile), "preflight", spec):
         if isinstance(ev, Preflight):
-            return ev.checks
+            return ev.checks + speculative_checks(profile)
     raise AgentError(session.host, "the agent did not answer the preflight")
 
 
