@@ -132,3 +132,22 @@ async def test_link_lost_mid_load_resumes_with_every_line_exactly_once(
     assert len(per_proc) >= 8
     for proc, seqs in per_proc.items():
         assert seqs == list(range(1, len(seqs) + 1)), f"{proc}: sequence numbers {seqs[:20]}"
+
+
+async def test_restart_kills_verifies_and_relaunches_as_a_new_run(tmp_path: Path) -> None:
+    sup = Supervisor(load_profile(sim_profile(tmp_path, "ready", time_scale=1000)))
+    events = sup.subscribe()
+    try:
+        first = await sup.launch(skip_preflight=True)
+        await _until(events, Ready)
+        old_machine = sup.machine
+        second = await sup.restart(grace=2.0, skip_preflight=True)
+        assert second.run_id != first.run_id
+        assert carriers(first.run_id) == []
+        assert sup.machine is not old_machine and sup.machine.state is State.STARTING
+        assert sup.machine.timeline is not None and sup.machine.timeline.spans == []
+        await _until(events, Ready)
+        assert sup.machine.state is State.READY and carriers(second.run_id)
+    finally:
+        await sup.kill(1.0)
+        await sup.close()
