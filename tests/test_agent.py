@@ -231,6 +231,13 @@ def test_bad_spec_and_unknown_subcommand_exit_2(tmp_path: Path) -> None:
     assert rc == 2 and msgs[0]["kind"] == "bad_spec"
     rc, msgs = run_agent("explode", {})
     assert rc == 2 and msgs[0]["kind"] == "bad_spec"
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "launch.json").write_text(json.dumps({"run_id": "r"}))
+    for health in ({"port": "8000"}, {"port": True}, {"port": 8000, "paths": "/health"},
+                   {"port": 8000, "interval": "1"}):
+        rc, msgs = run_agent("watch", {"run_dir": str(run_dir), "health": health})
+        assert rc == 2 and [m["kind"] for m in msgs] == ["bad_spec"], (health, msgs)
 
 
 # --------------------------------------------------------------------------- launch
@@ -560,6 +567,48 @@ def test_watch_gpus_with_fake_nvml_appearing_late(tmp_path: Path, runs) -> None:
         assert agent.close() == 0
 
 
+FLAKY_NVML = """
+__version__ = "flaky"
+class NVMLError(Exception):
+    pass
+class _Mem:
+    used, total = 1, 2
+def nvmlInit(): pass
+def nvmlDeviceGetCount(): return 2
+def nvmlDeviceGetHandleByIndex(i):
+    if i == 1:
+        raise NVMLError("GPU is lost")
+    return "h0"
+def nvmlDeviceGetName(h): return b"H200 \\xff"
+def nvmlDeviceGetMemoryInfo(h): return _Mem()
+def nvmlDeviceGetUtilizationRates(h): raise NVMLError("Not Supported")
+def nvmlDeviceGetComputeRunningProcesses(h): return None
+# no nvmlDeviceGetGraphicsRunningProcesses: an older or trimmed pynvml
+"""
+
+
+def test_watch_absorbs_nvml_failures_per_device(tmp_path: Path, runs) -> None:
+    """A lost device, an unsupported field, a missing function, a bad name: None, not a dead
+    agent, and the other devices still reported."""
+    shadow = tmp_path / "flaky"
+    shadow.mkdir()
+    (shadow / "pynvml.py").write_text(FLAKY_NVML)
+    run_dir, _ = runs(SLEEPER)
+    agent = Agent("watch", watch_spec(run_dir), env=agent_env(str(shadow)))
+    try:
+        _, hello = agent.next("hello")
+        assert hello["nvml"]["ok"] is True and hello["gpu_count"] == 2
+        _, gpus = agent.next("gpus")
+        assert gpus["gpus"] == [
+            {"index": 0, "name": "H200 \ufffd", "mem_used": 1, "mem_total": 2, "util": None,
+             "procs": []},
+            {"index": 1, "name": None, "mem_used": None, "mem_total": None, "util": None,
+             "procs": []}]
+        agent.next("gpus")
+    finally:
+        assert agent.close() == 0
+
+
 class _Health(BaseHTTPRequestHandler):
     ready = False
 
@@ -663,6 +712,39 @@ def test_kill_escalates_and_sweeps_the_run_id(tmp_path: Path, runs) -> None:
         bystander.wait()
     else:
         assert killed["gpu_released"] is None
+
+
+KILL_FROM_INSIDE = r"""
+import os, subprocess, sys, time
+sleeper = subprocess.Popen(['sleep', '60'])
+print('sleeper', sleeper.pid, flush=True)
+while not os.path.exists('go'):
+    time.sleep(0.02)
+with open('kill.in', 'rb') as spec, open('kill.out', 'wb') as out:
+    rc = subprocess.run([sys.executable, '-c', sys.argv[1], 'kill'], stdin=spec,
+                        stdout=out).returncode
+print('agent rc', rc, flush=True)
+time.sleep(60)
+"""
+
+
+def test_kill_spares_itself_and_its_ancestors_inside_the_run_group(tmp_path: Path, runs) -> None:
+    """A kill agent that is itself in the run's process group (started by the server) must not
+    TERM the group: that would kill the agent and its parent.  It signals one by one."""
+    run_dir, launched = runs([PY, "-c", KILL_FROM_INSIDE, BOOTSTRAP])
+    wait_for(lambda: "sleeper " in log_text(run_dir), what="the sleeper")
+    sleeper = int(log_text(run_dir).split("sleeper ")[1].split()[0])
+    (tmp_path / "kill.in").write_bytes(agent_input({"run_dir": str(run_dir), "grace": 0.5}))
+    (tmp_path / "go").touch()
+    wait_for(lambda: "agent rc " in log_text(run_dir), what="the inside agent's end")
+    assert "agent rc 0" in log_text(run_dir)
+    msgs = [json.loads(line) for line in (tmp_path / "kill.out").read_bytes().splitlines()]
+    steps = {m["step"]: m["pids"] for m in msgs if m["t"] == "kill_step"}
+    assert steps["TERM"] == [sleeper]  # not the top (the agent's parent), not the agent
+    assert msgs[-1]["t"] == "killed" and msgs[-1]["remaining"] == [launched["pid"]]
+    wait_for(lambda: not Path(f"/proc/{sleeper}").exists()
+             or Path(f"/proc/{sleeper}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z",
+             what="the sleeper's death")
 
 
 # --------------------------------------------------------------------------- runs, preflight

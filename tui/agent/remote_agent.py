@@ -99,11 +99,18 @@ def write_json_atomic(path: str, obj: object) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, json.dumps(obj).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            data = json.dumps(obj).encode()
+            while data:  # os.write may write less than asked
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def read_json(path: str) -> dict | None:
@@ -332,11 +339,13 @@ class Run:
         return st is not None and not st.dead and self.is_top(st)
 
     def is_top(self, st: Stat) -> bool:
+        """st (read from the recorded top pid) is the run's top, not a recycled pid: same start
+        time, or, for a pid file without one, the run id in its environ."""
         ticks = self._int("start_ticks")
         if ticks is not None:
             return st.start_ticks == ticks
-        env = read_environ(self.top_pid or 0)
-        return env is None or self.env_needle in env
+        env = read_environ(self.top_pid or 0)  # unreadable: not provably ours
+        return env is not None and self.env_needle in env
 
 
 # ----------------------------------------------------------------------------- tracking
@@ -361,6 +370,12 @@ class Proc:
         self.cpu_prev: tuple[int, float] | None = None
 
 
+def lives(proc: Proc) -> bool:
+    """The very process (same start time) still runs: not gone, not a zombie."""
+    st = read_stat(proc.pid)
+    return st is not None and not st.dead and st.start_ticks == proc.start_ticks
+
+
 class Tracker:
     """Finds the run's processes (top, descendants, process group, env) and their deaths.
 
@@ -381,7 +396,7 @@ class Tracker:
         self.seen: set[int] = set()  # pids already judged (member or not)
         self.gone: set[tuple[int, int]] = set()  # (pid, start ticks) of the dead, never again
         self.boot = boot_time()
-        self.top_done = False
+        self.top_checked = False
 
     def alive(self) -> list[Proc]:
         return [p for p in self.procs.values() if p.alive]
@@ -394,8 +409,8 @@ class Tracker:
     def scan(self) -> list[Proc]:
         """Judge the pids that appeared since the last scan; return the newly adopted."""
         adopted = []
-        if not self.top_done and self.run.top_pid is not None:
-            self.top_done = True
+        if not self.top_checked and self.run.top_pid is not None:
+            self.top_checked = True
             st = read_stat(self.run.top_pid)
             if st is not None and self.run.exit_info() is None and self.run.is_top(st):
                 self.seen.add(self.run.top_pid)
@@ -405,6 +420,8 @@ class Tracker:
         except OSError:
             return adopted
         self.seen &= pids
+        if len(self.gone) > 4096:  # a churning server: forget the dead whose pid is free
+            self.gone = {dead for dead in self.gone if dead[0] in pids}
         fresh = {}
         for pid in pids - self.seen:
             st = read_stat(pid)
@@ -486,14 +503,9 @@ class Tracker:
         return proc
 
     def poll_deaths(self) -> list[Proc]:
-        """Without pidfds: read each live process's stat (the fallback's cost)."""
-        dead = []
-        for p in self.alive():
-            if p.pidfd is None:
-                st = read_stat(p.pid)
-                if st is None or st.dead or st.start_ticks != p.start_ticks:
-                    dead.append(p)
-        return dead
+        """The live processes without a pidfd that died: one stat read each (the fallback's
+        cost; with pidfds the list is empty and nothing is read)."""
+        return [p for p in self.alive() if p.pidfd is None and not lives(p)]
 
     def mark_dead(self, proc: Proc) -> dict:
         """Record a death; return the exit event's fields (code read from the zombie's stat)."""
@@ -571,14 +583,15 @@ def env_members(run: Run, exclude: set[int]) -> list[int]:
 
 
 class Gpus:
-    """NVML, absorbing every failure into None (nvitop's NA habit)."""
+    """NVML, absorbing every failure into None (nvitop's NA habit): a missing function, a lost
+    device or a driver error makes a field None, never an exception."""
 
     def __init__(self) -> None:
         self.ok = False
         self.error: str | None = None
         self.version: str | None = None
         self.nv = None
-        self.handles: list = []
+        self.handles: list = []  # None for a device whose handle NVML refused
         self.names: list[str | None] = []
         try:
             import pynvml
@@ -593,33 +606,38 @@ class Gpus:
         """nvmlInit; watch retries it now and then (a simulated host creates its GPUs late)."""
         if self.ok or self.nv is None:
             return self.ok
-        nv = self.nv
         try:
-            nv.nvmlInit()
-            count = nv.nvmlDeviceGetCount()
-            self.handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            self.nv.nvmlInit()
         except Exception as exc:
             self.error = f"NVML unavailable: {exc}"
-            self.handles = []
             return False
-        names = [self._na(nv.nvmlDeviceGetName, h) for h in self.handles]
-        self.names = [n.decode() if isinstance(n, bytes) else n for n in names]
+        count = self._call("nvmlDeviceGetCount")
+        if not isinstance(count, int):
+            self.error = "NVML unavailable: no device count"
+            self._call("nvmlShutdown")  # nvmlInit counts references: balance this one
+            return False
+        self.handles = [self._call("nvmlDeviceGetHandleByIndex", i) for i in range(count)]
+        names = [self._call("nvmlDeviceGetName", h) for h in self.handles]
+        self.names = [n.decode("utf-8", "replace") if isinstance(n, bytes) else n for n in names]
         self.ok = True
         return True
 
-    @staticmethod
-    def _na(fn, *args):
+    def _call(self, name: str, *args):
+        """nv.<name>(*args), or None when pynvml lacks it, the handle is None, or it fails."""
+        if None in args:
+            return None
         try:
-            return fn(*args)
+            return getattr(self.nv, name)(*args)
         except Exception:
             return None
 
     def holders(self, index: int) -> list[dict]:
-        nv, h = self.nv, self.handles[index]
+        """The processes holding memory on a device: [{"pid", "mem"}], each pid once."""
+        h = self.handles[index]
         seen: dict[int, dict] = {}
-        for fn in (nv.nvmlDeviceGetComputeRunningProcesses,
-                   nv.nvmlDeviceGetGraphicsRunningProcesses):
-            for item in self._na(fn, h) or []:
+        for fn in ("nvmlDeviceGetComputeRunningProcesses",
+                   "nvmlDeviceGetGraphicsRunningProcesses"):
+            for item in self._call(fn, h) or []:
                 pid = getattr(item, "pid", None)
                 if isinstance(pid, int) and pid not in seen:
                     mem = getattr(item, "usedGpuMemory", None)
@@ -629,17 +647,22 @@ class Gpus:
     def sample(self) -> list[dict]:
         out = []
         for i, h in enumerate(self.handles):
-            mem = self._na(self.nv.nvmlDeviceGetMemoryInfo, h)
-            util = self._na(self.nv.nvmlDeviceGetUtilizationRates, h)
+            mem = self._call("nvmlDeviceGetMemoryInfo", h)
+            util = self._call("nvmlDeviceGetUtilizationRates", h)
             out.append({
                 "index": i, "name": self.names[i],
-                "mem_used": getattr(mem, "used", None), "mem_total": getattr(mem, "total", None),
-                "util": getattr(util, "gpu", None), "procs": self.holders(i),
+                "mem_used": _int_attr(mem, "used"), "mem_total": _int_attr(mem, "total"),
+                "util": _int_attr(util, "gpu"), "procs": self.holders(i),
             })
         return out
 
     def all_holders(self) -> list[dict]:
         return [dict(h, gpu=i) for i in range(len(self.handles)) for h in self.holders(i)]
+
+
+def _int_attr(obj: object, name: str) -> int | None:
+    value = getattr(obj, name, None)
+    return value if isinstance(value, int) else None
 
 
 def _dist_version(name: str) -> str | None:
@@ -677,13 +700,25 @@ class LogTail:
         self.partial = b""
         self.fd: int | None = None
         self.size = -1
+        self.failed: str | None = None  # the last read error reported
 
     def pump(self, final: bool = False) -> bool:
-        """Send what is new; True when the file changed since the last look."""
+        """Send what is new (with `final`, a last line without its newline too); True when
+        the file changed since the last look or more is waiting.  Never raises."""
+        try:
+            return self._pump(final)
+        except OSError as exc:  # EIO on a sick disk, say: retried next tick, said once
+            message = f"cannot read {self.path}: {exc.strerror or exc}"
+            if message != self.failed:
+                self.failed = message
+                emit("error", kind="log_read", message=message)
+            return False
+
+    def _pump(self, final: bool) -> bool:
         if self.fd is None:
             try:
-                self.fd = os.open(self.path, os.O_RDONLY)
-            except OSError:
+                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:  # not written yet
                 return False
         size = os.fstat(self.fd).st_size
         grew, self.size = size != self.size, size
@@ -774,7 +809,7 @@ def _get(spec: dict, key: str, kind: type | tuple, default: object = ...):
 
 
 def _str_list(spec: dict, key: str) -> list[str]:
-    value = _get(spec, key, list, []) or []
+    value = _get(spec, key, list, [])
     if not all(isinstance(v, str) for v in value):
         raise SpecError(f"spec {key!r} must be a list of strings")
     return value
@@ -893,10 +928,13 @@ def _become_monitor(run_dir: str, log_fd: int, argv: list[str], env: dict, cwd: 
 def cmd_watch(spec: dict) -> int:
     run = Run(_get(spec, "run_dir", str))
     log_offset = _get(spec, "log_offset", int, 0)
-    procs_every = float(_get(spec, "procs_interval", (int, float), 1.0))
-    gpus_every = float(_get(spec, "gpus_interval", (int, float), 1.0))
-    log_every = float(_get(spec, "log_interval", (int, float), 0.05))
-    health_spec = _get(spec, "health", dict, None)
+    intervals = (max(0.01, float(_get(spec, "procs_interval", (int, float), 1.0))),
+                 max(0.01, float(_get(spec, "gpus_interval", (int, float), 1.0))),
+                 max(0.005, float(_get(spec, "log_interval", (int, float), 0.05))))
+    health_spec = _get(spec, "health", dict, None) or {}
+    port = _get(health_spec, "port", int, None)
+    health_paths = _str_list(health_spec, "paths") or ["/health"]
+    health_every = max(0.05, float(_get(health_spec, "interval", (int, float), 1.0)))
     secrets = list(_str_list(spec, "redact"))
     secret_env = _str_list(spec, "secret_env")
     use_pidfd = pidfd_supported()
@@ -909,13 +947,11 @@ def cmd_watch(spec: dict) -> int:
          host=socket.gethostname(), pidfd=use_pidfd, run_id=run.run_id, time=time.time(),
          redact=found or [])
     health = None
-    if health_spec and isinstance(health_spec.get("port"), int):
-        paths = [p for p in health_spec.get("paths") or ["/health"] if isinstance(p, str)]
-        health = Health(health_spec["port"], paths, float(health_spec.get("interval", 1.0)))
+    if port is not None:
+        health = Health(port, health_paths, health_every)
         health.start()
-    watcher = Watcher(run, use_pidfd, LogTail(run.log, log_offset), gpus, secrets, health,
-                      (procs_every, gpus_every, max(0.005, log_every)))
-    watcher.secret_env = secret_env if found is None else []  # still to read, once pid known
+    watcher = Watcher(run, use_pidfd, LogTail(run.log, log_offset), gpus, health, intervals,
+                      secrets, secret_env if found is None else [])
     watcher.loop()
     return 0
 
@@ -924,16 +960,19 @@ class Watcher:
     """One thread, one poll(): stdin, the pidfds, and timers for log, procs, gpus."""
 
     def __init__(self, run: Run, use_pidfd: bool, tail: LogTail, gpus: Gpus,
-                 secrets: list[str], health: Health | None, intervals: tuple) -> None:
-        self.run, self.tail, self.gpus, self.secrets, self.health = run, tail, gpus, secrets, health
+                 health: Health | None, intervals: tuple[float, float, float],
+                 secrets: list[str], secret_env: list[str]) -> None:
+        """secrets: values hidden in procs rows; secret_env: names whose values are still to
+        be read from the top's environ (its pid was unknown at hello), then sent and hidden."""
+        self.run, self.tail, self.gpus, self.health = run, tail, gpus, health
         self.procs_every, self.gpus_every, self.log_every = intervals
+        self.secrets, self.secret_env = secrets, secret_env
         self.tracker = Tracker(run, use_pidfd)
         self.stdin = sys.stdin.fileno()
         self.tracker.poller.register(self.stdin, select.POLLIN | select.POLLHUP)
         self.run_exited = False
         self.exit_due = False  # the top died: look for exit.json every tick, not every second
         self.finished = False
-        self.secret_env: list[str] = []  # names whose values are still to be read and sent
 
     def loop(self) -> None:
         now = time.monotonic()
@@ -1040,70 +1079,108 @@ class Watcher:
 
 
 def cmd_kill(spec: dict) -> int:
+    """TERM the run, KILL what survives the grace, sweep by run id, then verify.
+
+    Never signalled: this agent, its ancestors and the monitor (`exclude`).  The process group
+    is signalled as a whole only while a live member holds it (so its number is the run's) and
+    no excluded process is in it; tracked processes are signalled through their pidfds, so a
+    recycled pid is never hit.
+    """
     run = Run(_get(spec, "run_dir", str))
     grace = float(_get(spec, "grace", (int, float), 10.0))
     exclude = ancestors(os.getpid())
-    monitor = run.monitor_pid
-    if monitor is not None:
-        exclude.add(monitor)
-    use_pidfd = pidfd_supported()
-    tracker = Tracker(run, use_pidfd, env_scan=False)
+    if run.monitor_pid is not None:
+        exclude.add(run.monitor_pid)
+    tracker = Tracker(run, pidfd_supported(), env_scan=False)
     tracker.scan()
-    seen_pids: set[int] = set(tracker.procs)
-    group = run.pgid if tracker.group_is_ours() else None
+    ever: set[int] = set(tracker.procs)  # every pid of the run seen, for the GPU check
 
-    targets = [p.pid for p in tracker.alive() if p.pid not in exclude]
-    if group is not None:
-        _signal_group(group, signal.SIGTERM)
-    for proc in tracker.alive():
-        if proc.pgid != group and proc.pid not in exclude:
-            _signal(proc.pid, signal.SIGTERM)
-    emit("kill_step", step="TERM", pids=sorted(targets), time=time.time())
+    termed = _signal_members(tracker, exclude, signal.SIGTERM)
+    emit("kill_step", step="TERM", pids=termed, time=time.time())
     _wait_dead(tracker, time.monotonic() + grace)
 
     tracker.scan()  # members that appeared during the grace
-    seen_pids |= set(tracker.procs)
-    survivors = [p.pid for p in tracker.alive() if p.pid not in exclude]
-    if group is not None and tracker.group_is_ours():
-        _signal_group(group, signal.SIGKILL)
-    for pid in survivors:
-        _signal(pid, signal.SIGKILL)
-    emit("kill_step", step="KILL", pids=sorted(survivors), time=time.time())
+    ever |= set(tracker.procs)
+    killed = _signal_members(tracker, exclude, signal.SIGKILL)
+    emit("kill_step", step="KILL", pids=killed, time=time.time())
     _wait_dead(tracker, time.monotonic() + 5)
 
-    swept: list[int] = []
+    swept: set[int] = set()
     for _ in range(3):
-        found = env_members(run, exclude)
+        found = [pid for pid in env_members(run, exclude)
+                 if _signal_verified(pid, signal.SIGKILL, run.env_needle)]
         if not found:
             break
-        for pid in found:
-            _signal(pid, signal.SIGKILL)
-        swept += found
+        swept |= set(found)
         _wait_pids(found, time.monotonic() + 5)
-    seen_pids |= set(swept)
-    emit("kill_step", step="SWEEP", pids=sorted(set(swept)), time=time.time())
+    ever |= swept
+    emit("kill_step", step="SWEEP", pids=sorted(swept), time=time.time())
 
-    if monitor is not None:  # let the monitor record the top's end
+    if run.monitor_pid is not None:  # let the monitor record the top's end
         deadline = time.monotonic() + 3
-        while run.exit_info() is None and _alive(monitor) and time.monotonic() < deadline:
+        while (run.exit_info() is None and _alive(run.monitor_pid)
+               and time.monotonic() < deadline):
             time.sleep(0.02)
-    remaining = sorted({p.pid for p in tracker.alive() if _alive(p.pid)}
+    me = os.getpid()  # a member itself when run from inside the run; gone in a moment
+    remaining = sorted({p.pid for p in tracker.alive() if lives(p) and p.pid != me}
                        | set(env_members(run, exclude)))
     tracker.close()
-    released, holders = _gpu_release(seen_pids, time.monotonic() + min(10.0, grace + 2))
+    released, holders = _gpu_release(ever, time.monotonic() + min(10.0, grace + 2))
     emit("killed", remaining=remaining, gpu_released=released, gpu_holders=holders,
          time=time.time())
     return 0
 
 
-def _signal(pid: int, sig: int) -> None:
-    with contextlib.suppress(OSError):
-        os.kill(pid, sig)
+def _signal_members(tracker: Tracker, exclude: set[int], sig: int) -> list[int]:
+    """Signal the run's live processes (not `exclude`); the pids signalled, sorted."""
+    targets = [p for p in tracker.alive() if p.pid not in exclude]
+    group = tracker.run.pgid if tracker.group_is_ours() else None
+    if group is not None and any(_pgid(pid) == group for pid in exclude):
+        group = None  # this agent or an ancestor is in the group: one by one instead
+    if group is not None:
+        with contextlib.suppress(OSError):
+            os.killpg(group, sig)
+    for proc in targets:
+        if group is None or proc.pgid != group:
+            _signal_proc(proc, sig)
+    return sorted(p.pid for p in targets)
 
 
-def _signal_group(pgid: int, sig: int) -> None:
+def _signal_proc(proc: Proc, sig: int) -> None:
+    """Through the pidfd when we hold one: a pid recycled since cannot be hit."""
     with contextlib.suppress(OSError):
-        os.killpg(pgid, sig)
+        if proc.pidfd is not None:
+            signal.pidfd_send_signal(proc.pidfd, sig)
+        else:
+            os.kill(proc.pid, sig)
+
+
+def _signal_verified(pid: int, sig: int, needle: bytes) -> bool:
+    """Signal pid if its environ still carries `needle`, checked under a pidfd when possible
+    (so the check and the signal are about the same process); True when signalled."""
+    fd = None
+    if hasattr(os, "pidfd_open"):
+        with contextlib.suppress(OSError):
+            fd = os.pidfd_open(pid)
+    try:
+        env = read_environ(pid)
+        if env is None or needle not in env:
+            return False
+        if fd is not None:
+            signal.pidfd_send_signal(fd, sig)
+        else:
+            os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _pgid(pid: int) -> int | None:
+    st = read_stat(pid)
+    return st.pgid if st is not None else None
 
 
 def _alive(pid: int) -> bool:
@@ -1226,8 +1303,8 @@ def compile_error(path: str) -> str | None:
         where = f"{exc.filename or path}:{exc.lineno}" if exc.lineno else path
         text = f" ({exc.text.strip()})" if exc.text and exc.text.strip() else ""
         return f"{where}: {type(exc).__name__}: {exc.msg}{text}"
-    except (ValueError, UnicodeDecodeError) as exc:
-        return f"{path}: {exc}"
+    except (ValueError, RecursionError, MemoryError) as exc:  # NUL bytes, absurd nesting
+        return f"{path}: {type(exc).__name__}: {exc}"
     return None
 
 
