@@ -40,7 +40,10 @@ async def test_engine_killed_while_serving_is_dead_although_vllm_exits_0(tmp_pat
         await sup.launch(skip_preflight=True)
         await _until(events, Ready)
         died = await _until(events, Died)
-        assert died.death.process == "EngineCore_DP0" and died.death.signal == 9
+        assert died.death.process == "EngineCore_DP0"
+        # its parent (the API server) may reap it before anyone else reads its status: then
+        # the signal is unknown — but never wrong
+        assert (died.death.signal, died.death.code) in ((9, None), (None, None))
         assert sup.machine.state is State.DEAD
         run_dir = Path(sup.run.run_dir)
         exit_json = run_dir / "exit.json"
