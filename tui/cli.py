@@ -58,7 +58,8 @@ class _Printer:
 
 # -- wait ------------------------------------------------------------------------------------
 
-async def _wait(sup: Supervisor, args: argparse.Namespace, out: _Printer) -> int:
+async def _wait(sup: Supervisor, args: argparse.Namespace, out: _Printer,
+                past_ready: bool = False) -> int:
     events = sup.subscribe()
     run = await sup.start(launch=args.launch, skip_preflight=args.skip_preflight)
     verb = "attached to" if run.attached else "launched"
@@ -99,7 +100,7 @@ async def _wait(sup: Supervisor, args: argparse.Namespace, out: _Printer) -> int
             continue
         for line in describe(event):
             out.say(line, state=sup.machine.state.value)
-        if isinstance(event, Ready) and not getattr(args, "past_ready", False):
+        if isinstance(event, Ready) and not past_ready:
             return EXIT_READY
         if isinstance(event, Stalled):
             return EXIT_STALLED
@@ -301,9 +302,8 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     out = _Printer(False)
     try:
         # engine-killed dies while serving: keep watching past READY to show the death
-        ns = argparse.Namespace(launch=True, skip_preflight=False, timeout=None,
-                                past_ready=args.scenario == "engine-killed")
-        code = await _wait(sup, ns, out)
+        ns = argparse.Namespace(launch=True, skip_preflight=False, timeout=None)
+        code = await _wait(sup, ns, out, past_ready=args.scenario == "engine-killed")
         if sup.machine.state is State.READY:
             out.say("the simulated server is serving; stopping it (the demo cleans up)")
         return code

@@ -161,11 +161,7 @@ class LaunchMachine:
     launched_at: float | None = None
     timeline: Timeline | None = None
     death: Death | None = None
-    stall: Stalled | None = None
-    ready_at: float | None = None
-    engine_version: str | None = None
     procs: dict[int, ProcInfo] = field(default_factory=dict)
-    exits: dict[int, ProcExit] = field(default_factory=dict)
     top_pid: int | None = None
     last_line_at: float | None = None
     log_ready_seen: bool = False
@@ -233,7 +229,6 @@ class LaunchMachine:
         if progressed:
             self.last_line_at = at
             if self.state is State.STALLED:
-                self.stall = None
                 events.extend(self._to(State.LOADING, at))
         if self.death is not None:
             death = self.death
@@ -254,8 +249,6 @@ class LaunchMachine:
 
     def _on_phase(self, hit: PhaseHit, at: float) -> list[DomainEvent]:
         events: list[DomainEvent] = []
-        if hit.version and self.engine_version is None:
-            self.engine_version = hit.version
         if hit.phase is Phase.READY_LOG:
             self.log_ready_seen = True
         if self.timeline is None or not self.state.live or self.state is State.READY:
@@ -282,7 +275,6 @@ class LaunchMachine:
         code = ex.code if ex.code is not None or ex.signal is not None \
             else self.reported_codes.get(name)
         ex = replace(ex, name=name, code=code)
-        self.exits.setdefault(ex.pid, ex)
         if not self.state.live or self.death is not None:
             return []
         failed = (ex.code not in (0, None)) or ex.signal is not None
@@ -326,7 +318,6 @@ class LaunchMachine:
         if (not self._health_ok.issuperset(self.health_paths)
                 or self.state not in (State.STARTING, State.LOADING, State.STALLED)):
             return []
-        self.ready_at = at
         launched = self.launched_at if self.launched_at is not None else at
         if self.timeline is not None:
             self.timeline.enter(Phase.READY_LOG, at)
@@ -354,7 +345,6 @@ class LaunchMachine:
         frozen = self.frozen_gpus(at, self.stall_timeout_s)
         if self._gpus and len(frozen) < len(self._gpus):
             return []  # memory still moving somewhere: loading, just quietly
-        self.stall = Stalled(quiet, frozen, at)
-        return [*self._to(State.STALLED, at), self.stall]
+        return [*self._to(State.STALLED, at), Stalled(quiet, frozen, at)]
 
 

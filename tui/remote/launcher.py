@@ -6,11 +6,9 @@ agent specs and the agent's answers into typed results.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from tui.core.command import build_server_argv, host_python, new_run_id, resolve_secrets
 from tui.core.errors import AgentError
@@ -19,19 +17,14 @@ from tui.core.protocol import Check, Killed, KillStep, Launched, Preflight, RunR
 from tui.core.speculative import speculative_checks
 from tui.remote.agent_link import AgentTarget, call_agent
 from tui.remote.session import Session
-
-SIM_NVML_DIR = str(Path(__file__).resolve().parent.parent / "sim" / "fakenvml")
-
-
-def default_sim_gpu_state() -> str:
-    return os.path.expanduser("~/.specconsole/sim-gpus")
+from tui.sim import FAKENVML_DIR, gpu_state
 
 
 def sim_gpu_state(profile: Profile) -> str | None:
     sim = profile.simulate
     if sim is None:
         return None
-    return sim.gpu_state or default_sim_gpu_state()
+    return gpu_state.state_dir(sim.gpu_state)
 
 
 def agent_target(profile: Profile) -> AgentTarget:
@@ -40,7 +33,7 @@ def agent_target(profile: Profile) -> AgentTarget:
     if sim is None or state is None:
         return AgentTarget(host_python(profile))
     return AgentTarget(host_python(profile), {
-        "PYTHONPATH": SIM_NVML_DIR, "SPECCONSOLE_SIM_GPU_STATE": state,
+        "PYTHONPATH": FAKENVML_DIR, "SPECCONSOLE_SIM_GPU_STATE": state,
         "SPECCONSOLE_SIM_GPUS": str(sim.gpus)})
 
 
@@ -76,10 +69,8 @@ async def launch(session: Session, profile: Profile, plan: LaunchPlan) -> Launch
     raise AgentError(session.host, "the agent did not confirm the launch")
 
 
-async def list_runs(session: Session, profile: Profile, all_profiles: bool = False
-                    ) -> tuple[RunRecord, ...]:
-    spec = {"runs_dir": profile.host.runs_dir,
-            "profile_key": None if all_profiles else profile.key}
+async def list_runs(session: Session, profile: Profile) -> tuple[RunRecord, ...]:
+    spec = {"runs_dir": profile.host.runs_dir, "profile_key": profile.key}
     for ev in await call_agent(session, agent_target(profile), "runs", spec):
         if isinstance(ev, Runs):
             return ev.runs
