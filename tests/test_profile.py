@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from tui.core.profile import (
     ExpectConfig,
     PreflightConfig,
     Profile,
+    expand_vars,
     load_profile,
     loads_profile,
     parse_duration,
@@ -242,3 +244,58 @@ def test_parse_duration(value, seconds):
 def test_parse_duration_refuses(value):
     with pytest.raises(ValueError):
         parse_duration(value)
+
+
+# --- ${NAME} in path-like values (the real-vLLM lane's profile names its venv this way) -------
+
+ENV = {"LANE": "/srv/lane", "EMPTY": "", "HOME": "/home/u"}
+
+
+@pytest.mark.parametrize(("text", "expanded"), [
+    ("${LANE}/venv/bin/python", "/srv/lane/venv/bin/python"),
+    ("${UNSET:-/opt/x}/m", "/opt/x/m"),
+    ("${EMPTY:-/opt/x}", "/opt/x"),  # as in sh: an empty value takes the default
+    ("${LANE:-${HOME}/.cache}", "/srv/lane"),
+    ("${UNSET:-${HOME}/.cache/lane}/models", "/home/u/.cache/lane/models"),
+    ("$LANE and ~ stay literal", "$LANE and ~ stay literal"),
+    ("no references", "no references"),
+])
+def test_expand_vars(text: str, expanded: str) -> None:
+    assert expand_vars(text, ENV) == expanded
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("${UNSET}/x", "${UNSET} is not set (export it, or write ${UNSET:-default})"),
+    ("${LANE", "bad variable reference"),
+    ("${UNSET:-/a", "unclosed variable reference"),
+    ("${1X}", "expected ${NAME}"),
+])
+def test_expand_vars_errors(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        expand_vars(text, ENV)
+
+
+def test_path_values_are_expanded_and_others_are_not() -> None:
+    text = ('[host]\ntarget = "local"\npython = "${LANE}/venv/bin/python"\n'
+            'runs_dir = "${LANE}/runs"\n\n[server]\nengine = "vllm"\n'
+            'model = "${LANE}/models/m"\nexecutable = ["${LANE}/venv/bin/vllm", "serve"]\n'
+            'args = ["--x", "${LANE}"]\nenv = { TMPDIR = "${LANE}/tmp" }\n\n'
+            '[server.speculative]\nmethod = "eagle3"\nmodel = "${UNSET:-${LANE}/d}"\n'
+            'num_speculative_tokens = 3\n')
+    p = loads_profile(text, "lane.toml", ENV)
+    assert p.host.python == "/srv/lane/venv/bin/python"
+    assert p.host.runs_dir == "/srv/lane/runs"
+    assert p.server.model == "/srv/lane/models/m"
+    assert p.server.executable == ("/srv/lane/venv/bin/vllm", "serve")
+    assert p.server.env == {"TMPDIR": "/srv/lane/tmp"}
+    assert p.server.speculative is not None and p.server.speculative.model == "/srv/lane/d"
+    assert p.server.args == ("--x", "${LANE}")  # argv text is the user's, literally
+
+
+def test_an_unset_variable_is_one_line_naming_the_key_and_line() -> None:
+    text = '[host]\ntarget = "local"\n\n[server]\nengine = "vllm"\nmodel = "${NOPE}/m"\n'
+    with pytest.raises(ProfileError) as info:
+        loads_profile(text, "lane.toml", ENV)
+    shown = str(info.value)
+    assert shown.startswith("lane.toml:6: server.model: ${NOPE} is not set")
+    assert "\n" not in shown

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Mapping
@@ -147,7 +148,51 @@ def parse_duration(value: str | float) -> float:
     return seconds
 
 
-def load_profile(path: str | Path) -> Profile:
+def expand_vars(text: str, environ: Mapping[str, str]) -> str:
+    """`${NAME}` and `${NAME:-default}` (the default may hold references itself) from `environ`.
+
+    Only the braced form is expanded, so a literal `$` elsewhere stays as written; an unset
+    `${NAME}` without a default is a ValueError naming the variable.
+    """
+    out: list[str] = []
+    at = 0
+    while (start := text.find("${", at)) >= 0:
+        out.append(text[at:start])
+        name = _ENV_NAME.match(text, start + 2)
+        if name is None:
+            raise ValueError(f"bad variable reference in {text!r}: expected ${{NAME}}")
+        after = name.end()
+        if text.startswith("}", after):
+            if name.group() not in environ:
+                raise ValueError(f"${{{name.group()}}} is not set (export it, or write "
+                                 f"${{{name.group()}:-default}})")
+            out.append(environ[name.group()])
+            at = after + 1
+        elif text.startswith(":-", after):
+            end = _closing_brace(text, after + 2)
+            default = text[after + 2:end]
+            out.append(environ.get(name.group()) or expand_vars(default, environ))
+            at = end + 1
+        else:
+            raise ValueError(f"bad variable reference in {text!r}: expected ${{NAME}} "
+                             "or ${NAME:-default}")
+    out.append(text[at:])
+    return "".join(out)
+
+
+def _closing_brace(text: str, at: int) -> int:
+    depth = 1
+    for i in range(at, len(text)):
+        if text.startswith("${", i):
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+    raise ValueError(f"unclosed variable reference in {text!r}")
+
+
+def load_profile(path: str | Path, environ: Mapping[str, str] | None = None) -> Profile:
     """Read and validate a profile file; every failure is a one-line ProfileError."""
     try:
         text = Path(path).read_bytes().decode("utf-8")
@@ -155,16 +200,22 @@ def load_profile(path: str | Path) -> Profile:
         raise ProfileError(str(path), f"cannot read profile: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
         raise ProfileError(str(path), f"not UTF-8 text (byte {e.start})") from None
-    return loads_profile(text, path)
+    return loads_profile(text, path, environ)
 
 
-def loads_profile(text: str, path: str | Path) -> Profile:
-    """Validate profile text; `path` names the file in errors and gives the profile its name."""
+def loads_profile(text: str, path: str | Path,
+                  environ: Mapping[str, str] | None = None) -> Profile:
+    """Validate profile text; `path` names the file in errors and gives the profile its name.
+
+    Path-like values (see _EXPANDED) may use `${NAME}` / `${NAME:-default}`, expanded from
+    `environ` (default: this process's environment) — the console's side, as for secret_env.
+    """
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise _syntax_error(str(path), text, str(e)) from None
     try:
+        _expand(data, os.environ if environ is None else environ)
         values = _check_table(data, _TOP, required=("host", "server"))
         if "simulate" in values and values["server"].model is None:
             raise _Invalid("missing required key 'model' (the simulated engine needs one)",
@@ -307,6 +358,40 @@ def _json_value(value: Any) -> Any:
     except TypeError:
         raise _Invalid(f"{_describe(value)} cannot be passed to the engine as JSON") from None
     return value
+
+
+# Values that name paths or the server's environment: where `${NAME}` is expanded. Nothing
+# else is, so argv text and patterns stay literal.
+_EXPANDED = (("host", "python"), ("host", "workdir"), ("host", "runs_dir"),
+             ("server", "model"), ("server", "executable"), ("server", "env"),
+             ("server", "speculative", "model"), ("preflight", "compile_files"))
+
+
+def _expand(data: dict[str, Any], environ: Mapping[str, str]) -> None:
+    """Expand `${NAME}` in place in the _EXPANDED values; the validator checks types later."""
+    for path in _EXPANDED:
+        table: Any = data
+        for key in path[:-1]:
+            table = table.get(key) if isinstance(table, dict) else None
+        if not isinstance(table, dict) or path[-1] not in table:
+            continue
+        value = table[path[-1]]
+        where = "." + ".".join(path)
+        try:
+            if isinstance(value, str):
+                table[path[-1]] = expand_vars(value, environ)
+            elif isinstance(value, list):
+                for i, item in enumerate(value):
+                    if isinstance(item, str):
+                        where = f".{'.'.join(path)}[{i}]"
+                        value[i] = expand_vars(item, environ)
+            elif isinstance(value, dict):
+                for name, item in value.items():
+                    if isinstance(item, str):
+                        where = f".{'.'.join(path)}.{name}"
+                        value[name] = expand_vars(item, environ)
+        except ValueError as e:
+            raise _Invalid(str(e), where) from None
 
 
 def _check_table(data: Any, table: Mapping[str, Check], required: tuple[str, ...] = (),
