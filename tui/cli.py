@@ -294,7 +294,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-async def cmd_demo(args: argparse.Namespace) -> int:
+async def cmd_demo_headless(args: argparse.Namespace) -> int:
+    """The demo as `wait` prints it: for scripts, CI and terminals without a screen."""
     from tui.sim.demo import demo_profile
 
     profile = demo_profile(args.scenario, args.time_scale)
@@ -313,8 +314,69 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         await sup.close()
 
 
+def cmd_demo(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
+    if args.headless:
+        return cmd_demo_headless(args)
+    from tui.sim.demo import demo_profile
+
+    profile = demo_profile(args.scenario, args.time_scale)
+    return _run_console(Supervisor(profile), launch=True, demo=True, kill_grace=2.0,
+                        profile_arg=f"demo --scenario {args.scenario}")
+
+
+# -- the console -----------------------------------------------------------------------------
+
+def cmd_console(args: argparse.Namespace) -> int:
+    """`specconsole PROFILE`: attach to its live run or preflight and launch; no profile:
+    pick one from the profile directories."""
+    name = args.profile
+    if name is None:
+        from tui.screens.picker import PickerApp
+
+        chosen = PickerApp(list_profiles()).run()
+        if chosen is None:
+            return 0
+        name = str(chosen)
+    return _run_console(Supervisor(_profile(name)), launch=not args.no_launch,
+                        profile_arg=name)
+
+
+def _run_console(sup: Supervisor, *, launch: bool, profile_arg: str, demo: bool = False,
+                 kill_grace: float = 10.0) -> int:
+    from tui.app import ConsoleApp
+
+    app = ConsoleApp(sup, launch=launch, demo=demo, kill_grace=kill_grace,
+                     profile_arg=profile_arg)
+    try:
+        message = app.run()
+    finally:
+        if demo and sup.run is not None and not app.demo_stopped:
+            asyncio.run(_stop_demo(sup.profile))  # the demo leaves nothing running, even on ^C
+    if message:
+        print(f"specconsole: {strip_escapes(message)}")
+    return app.return_code or 0
+
+
+async def _stop_demo(profile: Profile) -> None:
+    sup = Supervisor(profile)
+    try:
+        await sup.select()
+        await sup.kill(2.0)
+    except SpecconsoleError as exc:
+        _err(f"could not stop the simulated server: {exc}")
+    finally:
+        await sup.close()
+
+
+def list_profiles() -> list[Path]:
+    """Every profile in ./profiles and ~/.config/specconsole/profiles, by name."""
+    return sorted((p for d in PROFILE_DIRS if d.is_dir() for p in d.glob("*.toml")),
+                  key=lambda p: (p.stem, str(p)))
+
+
 # -- parsing ---------------------------------------------------------------------------------
 
+COMMANDS = ("launch", "wait", "status", "kill", "logs", "check", "explain", "demo", "console")
 PROFILE_DIRS = (Path("profiles"), Path("~/.config/specconsole/profiles").expanduser())
 
 
@@ -404,11 +466,29 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--scenario", default="ready",
                     choices=["ready", "syntax-error", "oom", "hang", "engine-killed"])
     sp.add_argument("--time-scale", type=float, default=75.0)
+    sp.add_argument("--headless", action="store_true",
+                    help="print the story line by line instead of opening the console")
+
+    sp = add("console", "open the console on a profile (the default command)", cmd_console)
+    sp.add_argument("profile", nargs="?")
+    sp.add_argument("--no-launch", action="store_true",
+                    help="attach to the newest run only; never launch")
     return p
 
 
+def _with_default_command(argv: list[str], commands: set[str]) -> list[str]:
+    """`specconsole` → the picker, `specconsole PROFILE [...]` → `console PROFILE [...]`."""
+    if not argv:
+        return ["console"]
+    if argv[0] not in commands and not argv[0].startswith("-"):
+        return ["console", *argv]
+    return argv
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(_with_default_command(
+        list(sys.argv[1:] if argv is None else argv), set(COMMANDS)))
     try:
         result = args.fn(args)
         if isinstance(result, Coroutine):

@@ -24,6 +24,7 @@ from tui.core.errors import (
     RunNotFound,
     SessionError,
 )
+from tui.core.logline import parse_line
 from tui.core.noise import NoiseFilter, builtin_rules, rule_from_pattern
 from tui.core.profile import Profile
 from tui.core.protocol import (
@@ -41,7 +42,7 @@ from tui.core.protocol import (
     RunRecord,
     Secrets,
 )
-from tui.core.state import DomainEvent, LaunchMachine, State
+from tui.core.state import DomainEvent, LaunchMachine, LineAdded, State
 from tui.remote import launcher
 from tui.remote.agent_link import stream_agent
 from tui.remote.session import Session, check_python, open_session
@@ -113,6 +114,16 @@ class GpusSeen:
 
 
 @dataclass(frozen=True, slots=True)
+class ProcEnded:
+    """A process of the run ended (any of them, helpers too), named as vLLM names it."""
+
+    pid: int
+    name: str
+    code: int | None
+    signal: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class KillProgress:
     step: KillStep
 
@@ -123,7 +134,8 @@ class KillDone:
 
 
 SupervisorEvent = (DomainEvent | Notice | Fatal | PreflightDone | RunStarted | LinkLost
-                   | LinkRestored | AgentHello | ProcsSeen | GpusSeen | KillProgress | KillDone)
+                   | LinkRestored | AgentHello | ProcsSeen | GpusSeen | ProcEnded | KillProgress
+                   | KillDone)
 SessionOpener = Callable[[Any], Awaitable[Session]]
 
 
@@ -330,6 +342,10 @@ class Supervisor:
             self._emit(m.feed_lines(self._lines(event), now))
         elif isinstance(event, ProcExit):
             self._emit(m.feed_exit(event, now))
+            code = event.code if event.code is not None or event.signal is not None else \
+                m.reported_codes.get(m.log_names.get(event.pid, event.name))
+            self._emit([ProcEnded(event.pid, m.log_names.get(event.pid, event.name), code,
+                                  event.signal)])
         elif isinstance(event, Procs):
             m.feed_procs(event)
             self._emit([ProcsSeen(event)])
@@ -361,6 +377,32 @@ class Supervisor:
                 out.append((offset, redact(line, self.secrets) if self.secrets else line))
             offset += len(line.encode("utf-8", "replace")) + 1
         self.log_end = chunk.end
+        return out
+
+    async def read_log(self, start: int, end: int) -> list[LineAdded]:
+        """Bytes [start, end) of the run's log file, as classified lines (the console's
+        scroll-back past its capped buffer). A partial first line is skipped, so a page begins
+        at a line boundary; nothing is counted again by the noise filter."""
+        if self.run is None or end <= start:
+            return []
+        result = await (await self.connect()).run(
+            ["dd", f"if={self.run.run_dir}/server.log", "iflag=skip_bytes,count_bytes",
+             f"skip={start}", f"count={end - start}", "status=none"])
+        data = result.stdout if result.returncode == 0 else b""
+        offset = start
+        if start > 0:
+            cut = data.find(b"\n")
+            if cut < 0:
+                return []
+            data, offset = data[cut + 1:], start + cut + 1
+        out: list[LineAdded] = []
+        for chunk in data.split(b"\n")[:-1] if data.endswith(b"\n") else data.split(b"\n"):
+            text = chunk.decode("utf-8", "replace")
+            if self.secrets:
+                text = redact(text, self.secrets)
+            line = parse_line(text, offset)
+            out.append(LineAdded(line, self.machine.noise.match(line)))
+            offset += len(chunk) + 1
         return out
 
     # -- control -----------------------------------------------------------------------------

@@ -32,7 +32,7 @@ paths_exist = false
 harmless = [{{ pattern = "Failed to import Triton kernels", label = "Triton SparseMatrix import" }}]
 
 [expect]
-load_time = "25m"
+load_time = "{load}s"
 stall_timeout = "{stall}s"
 
 [simulate]
@@ -52,5 +52,5 @@ def demo_profile(scenario: str, time_scale: float) -> Profile:
     """A profile for `specconsole demo`: a 25-minute load shown in 25 min / time_scale."""
     stall = max(3.0, 600.0 / time_scale)
     text = DEMO_TEMPLATE.format(port=free_port(), scenario=scenario, time_scale=time_scale,
-                                stall=f"{stall:g}")
+                                stall=f"{stall:g}", load=f"{25 * 60 / time_scale:g}")
     return loads_profile(text, f"demo-{scenario}.toml")

@@ -1,0 +1,72 @@
+"""Redraw screenshots/*.svg from the demo: `.venv/bin/python screenshots/make_screenshots.py`.
+
+Each picture is the real console on the simulated engine (no GPU, no SSH), captured headless at
+the moment it shows: loading, ready, dead, the kill confirmation, and the 80x24 layout. Re-run
+it whenever the look changes; the README shows these files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from textual.pilot import Pilot  # noqa: E402
+
+from tui.app import ConsoleApp  # noqa: E402
+from tui.core.phases import Phase  # noqa: E402
+from tui.core.state import State  # noqa: E402
+from tui.sim.demo import demo_profile  # noqa: E402
+from tui.supervisor import Supervisor  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+async def _until(pilot: Pilot[str], check: Callable[[], bool], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise SystemExit("the demo did not get there in time")
+        await pilot.pause(0.1)
+
+
+def _loading(app: ConsoleApp) -> bool:
+    tl = app.sup.machine.timeline
+    cur = tl.current if tl is not None else None
+    return cur is not None and cur.phase is Phase.WEIGHTS and (cur.progress or 0) >= 0.4
+
+
+async def shoot(scenario: str, size: tuple[int, int], shots: list[str]) -> None:
+    app = ConsoleApp(Supervisor(demo_profile(scenario, 75.0)), demo=True, kill_grace=2.0)
+    async with app.run_test(size=size) as pilot:
+        state = app.sup.machine
+        for shot in shots:
+            if shot in ("loading", "narrow-80x24"):
+                await _until(pilot, lambda: _loading(app))
+            elif shot == "ready":
+                await _until(pilot, lambda: state.state is State.READY)
+            elif shot == "dead":
+                await _until(pilot, lambda: state.state is State.DEAD)
+            elif shot == "kill-confirm":
+                await pilot.press("k")
+            await pilot.pause(1.2)  # a procs and GPU sample after the moment
+            path = app.save_screenshot(f"{shot}.svg", str(HERE))
+            print(path)
+            if shot == "kill-confirm":
+                await pilot.press("n")
+        await pilot.press("q")
+        await _until(pilot, lambda: state.state is State.STOPPED, 30)
+
+
+async def main() -> None:
+    await shoot("ready", (200, 50), ["loading", "ready", "kill-confirm"])
+    await shoot("syntax-error", (200, 50), ["dead"])
+    await shoot("ready", (80, 24), ["narrow-80x24"])
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,336 @@
+"""The console: a Textual app over one Supervisor, driven only by its events.
+
+Panes (GPUs, processes, logs, timeline), a banner that cannot be missed, a status line in words,
+keys declared as data. The bridge turns supervisor events into small messages for the panes; the
+app routes them, rings the bell and names the tmux window on DEAD, STALLED and READY, and runs
+kill and restart after a confirmation. Quitting leaves the server running (the demo stops its
+own simulated server) and says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+from rich.text import Text
+from textual.app import App, ComposeResult, SystemCommand
+from textual.containers import Container, Vertical
+from textual.events import Resize
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from tui.alerts import announce, restore_command, run_quietly
+from tui.bridge import Bridge
+from tui.core.errors import PreflightFailed, SpecconsoleError
+from tui.core.logwindow import DEFAULT_CAP, Entry, LogWindow
+from tui.core.state import State
+from tui.core.status import status_line
+from tui.keys import KEYS, bindings
+from tui.messages import (
+    AlertRaised,
+    GpusChanged,
+    LogLines,
+    PreflightShown,
+    ProcsChanged,
+    RootCauseFound,
+    RunChanged,
+    RunReset,
+)
+from tui.screens.confirm import ConfirmScreen
+from tui.screens.help import HelpScreen
+from tui.supervisor import Supervisor
+from tui.widgets.banner import Banner
+from tui.widgets.gpus import GpuPane
+from tui.widgets.logs import LogPane, LogView, NeedOlder, NeedTail
+from tui.widgets.procs import ProcPane
+from tui.widgets.timeline import TimelinePane
+
+PANES = ("pane-logs", "pane-gpus", "pane-procs", "pane-timeline")
+PANE_TITLES = {"pane-gpus": "GPUs", "pane-procs": "Processes", "pane-logs": "Logs",
+               "pane-timeline": "Timeline"}
+NARROW_BELOW = (120, 36)  # columns, rows: below either, panes collapse to tabs
+PAGE_BYTES = 256 * 1024  # one scroll-back page fetched from the host
+TAIL_BYTES = 1024 * 1024  # what following again loads after scrolling far back
+WINDOW_MARKS = {"dead": "✗ DEAD", "stalled": "⚠ STALLED", "ready": "✓ READY"}
+
+
+class ConsoleApp(App[str]):
+    CSS_PATH = "specconsole.tcss"
+    TITLE = "specconsole"
+    BINDINGS = bindings()
+    ENABLE_COMMAND_PALETTE = True
+
+    def __init__(self, sup: Supervisor, *, launch: bool = True, demo: bool = False,
+                 kill_grace: float = 10.0, clock: Callable[[], float] = time.time,
+                 env: Mapping[str, str] | None = None, log_cap: int = DEFAULT_CAP,
+                 profile_arg: str | None = None) -> None:
+        super().__init__()
+        self.sup = sup
+        self.bridge = Bridge(sup)
+        self.launch_allowed = launch
+        self.demo = demo
+        self.kill_grace = kill_grace
+        self.clock = clock
+        self.env = os.environ if env is None else env
+        self.window = LogWindow(log_cap)
+        self.profile_arg = profile_arg or sup.profile.key
+        self.shown_pane = "pane-logs"
+        self.narrow = False
+        self.busy = False  # a kill or restart is running
+        self.demo_stopped = False
+        self.last_state: State | None = None
+
+    # -- layout ----------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="title")
+        yield Banner(id="banner")
+        with Container(id="body"):
+            with Vertical(id="pane-gpus", classes="pane"):
+                yield GpuPane(id="gpus")
+            yield LogPane(self.window, id="pane-logs", classes="pane")
+            with Vertical(id="pane-procs", classes="pane"):
+                yield ProcPane(id="procs")
+            with Vertical(id="pane-timeline", classes="pane"):
+                yield TimelinePane(id="timeline")
+        yield Static(id="tabs")
+        yield Static("connecting…", id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        for pane_id, title in PANE_TITLES.items():
+            self.query_one(f"#{pane_id}").border_title = title
+        self._title()
+        self._layout(self.size.width, self.size.height)
+        self.query_one(LogView).focus()
+        self.set_interval(1.0, self._tick)
+        self.run_worker(self._supervise(), name="supervise", exit_on_error=False)
+
+    def on_resize(self, event: Resize) -> None:
+        self._layout(event.size.width, event.size.height)
+
+    def _layout(self, width: int, height: int) -> None:
+        self.narrow = width < NARROW_BELOW[0] or height < NARROW_BELOW[1]
+        self.query_one("#body").set_class(self.narrow, "narrow")
+        for pane_id in PANES:
+            self.query_one(f"#{pane_id}").set_class(pane_id == self.shown_pane, "-shown")
+        tabs = self.query_one("#tabs", Static)
+        tabs.display = self.narrow
+        tabs.update("  ".join(f"[reverse] {PANE_TITLES[p]} [/]" if p == self.shown_pane
+                              else f" {PANE_TITLES[p]} " for p in PANES) + "   (tab: next)")
+
+    def _title(self) -> None:
+        sup, run = self.sup, self.sup.run
+        what = f" · run {run.run_id} · pid {run.pid}" if run is not None else ""
+        state = sup.machine.state.value.upper()
+        title = Text.assemble((f" {state} ", "bold reverse"), f" {sup.profile.key}{what}",
+                              (" · simulated engine" if self.demo else "", "italic"),
+                              (" · specconsole", "dim"))
+        self.query_one("#title", Static).update(title)
+
+    # -- the supervisor --------------------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        queue = self.sup.subscribe()
+        self.run_worker(self._pump(queue), name="pump", exit_on_error=False)
+        try:
+            await self.sup.start(launch=self.launch_allowed)
+        except PreflightFailed as exc:
+            self._alert(AlertRaised("error", "PREFLIGHT REFUSED — nothing was launched",
+                                    str(exc)))
+        except SpecconsoleError as exc:
+            self._alert(AlertRaised("error", f"ERROR — {exc}"))
+        self._title()
+
+    async def _pump(self, queue: asyncio.Queue[object]) -> None:
+        while True:
+            batch = [await queue.get()]
+            while not queue.empty() and len(batch) < 10_000:
+                batch.append(queue.get_nowait())
+            for message in self.bridge.translate(batch, self.clock()):
+                self._route(message)
+
+    def _route(self, message: Message) -> None:
+        if isinstance(message, (LogLines, RootCauseFound)):
+            self.query_one(LogPane).post_message(message)
+        elif isinstance(message, ProcsChanged):
+            self.query_one(ProcPane).post_message(message)
+        elif isinstance(message, GpusChanged):
+            self.query_one(GpuPane).post_message(message)
+        elif isinstance(message, PreflightShown):
+            self.query_one(TimelinePane).post_message(message)
+        elif isinstance(message, RunChanged):
+            self.query_one(TimelinePane).post_message(message)
+            self._status(message)
+        elif isinstance(message, AlertRaised):
+            self._alert(message)
+        elif isinstance(message, RunReset):
+            self.query_one(LogPane).post_message(message)
+            self.query_one(GpuPane).reset()
+            self.query_one(TimelinePane).reset()
+            self.query_one(Banner).clear()
+            self._title()
+
+    def _status(self, message: RunChanged) -> None:
+        self.query_one("#status", Static).update(status_line(message.view, message.now))
+        if message.view.state is not self.last_state:
+            self.last_state = message.view.state
+            self._title()
+
+    def _alert(self, alert: AlertRaised) -> None:
+        self.query_one(Banner).post_message(alert)
+        mark = WINDOW_MARKS.get(alert.kind)
+        if mark is not None:
+            self.bell()
+            self.run_worker(announce(f"{mark} {self.sup.profile.key}", self.env),
+                            exit_on_error=False)
+
+    def _tick(self) -> None:
+        now = self.clock()
+        message = RunChanged(self.bridge.view(), now)
+        self.query_one(TimelinePane).post_message(message)
+        self._status(message)
+
+    # -- scroll-back -----------------------------------------------------------------------
+
+    def on_need_older(self, message: NeedOlder) -> None:
+        self.run_worker(self._older(message.before), exit_on_error=False)
+
+    async def _older(self, before: int) -> None:
+        lines = await self.sup.read_log(max(0, before - PAGE_BYTES), before)
+        self.query_one(LogView).prepend([Entry(e.line, e.rule) for e in lines])
+        self.query_one(LogPane).update_header()
+
+    def on_need_tail(self, message: NeedTail) -> None:
+        self.run_worker(self._tail(), exit_on_error=False)
+
+    async def _tail(self) -> None:
+        end = self.sup.log_end
+        lines = await self.sup.read_log(max(0, end - TAIL_BYTES), end)
+        self.query_one(LogView).reanchor([Entry(e.line, e.rule) for e in lines])
+        self.query_one(LogPane).update_header()
+
+    # -- actions ---------------------------------------------------------------------------
+
+    def _confirm(self, question: str, detail: str, then: Callable[[], object]) -> None:
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(then(), exit_on_error=False)  # type: ignore[arg-type]
+        self.push_screen(ConfirmScreen(question, detail), answered)
+
+    def action_kill(self) -> None:
+        run = self.sup.run
+        if run is None or self.busy:
+            self.notify("no run to kill" if run is None else "a kill or restart is running")
+            return
+        self._confirm(f"Kill run {run.run_id} on {self.sup.profile.host.target}?",
+                      f"TERM the process group (pid {run.pid}), KILL whatever is left after "
+                      f"{self.kill_grace:g}s, sweep every process carrying the run id, then "
+                      "check that none remains and that GPU memory was released.", self._kill)
+
+    async def _kill(self) -> None:
+        self.busy = True
+        try:
+            await self.sup.kill(self.kill_grace)
+        except SpecconsoleError as exc:
+            self._alert(AlertRaised("error", f"KILL FAILED — {exc}"))
+        finally:
+            self.busy = False
+            self._title()
+
+    def action_restart(self) -> None:
+        if self.busy:
+            self.notify("a kill or restart is running")
+            return
+        run = self.sup.run
+        what = f"run {run.run_id}" if run is not None else "nothing running"
+        self._confirm(f"Restart {self.sup.profile.key}? ({what})",
+                      "Kill the run (TERM, KILL after the grace, sweep, verify), then run "
+                      "preflight and launch a new run with a fresh timeline.", self._restart)
+
+    async def _restart(self) -> None:
+        self.busy = True
+        try:
+            await self.sup.restart(self.kill_grace)
+        except PreflightFailed as exc:
+            self._alert(AlertRaised("error", "PREFLIGHT REFUSED — nothing was launched",
+                                    str(exc)))
+        except SpecconsoleError as exc:
+            self._alert(AlertRaised("error", f"RESTART FAILED — {exc}"))
+        finally:
+            self.busy = False
+            self._title()
+
+    def action_toggle_raw(self) -> None:
+        self.query_one(LogPane).toggle_raw()
+
+    def action_search(self) -> None:
+        self._show_pane("pane-logs")
+        self.query_one(LogPane).open_search()
+
+    def action_next_match(self) -> None:
+        self.query_one(LogPane).step(+1)
+
+    def action_prev_match(self) -> None:
+        self.query_one(LogPane).step(-1)
+
+    def action_toggle_follow(self) -> None:
+        self.query_one(LogPane).toggle_follow()
+
+    def action_next_pane(self) -> None:
+        self._cycle(+1)
+
+    def action_prev_pane(self) -> None:
+        self._cycle(-1)
+
+    def _cycle(self, direction: int) -> None:
+        if not isinstance(self.screen, Screen) or self.screen is not self.screen_stack[0]:
+            return
+        order = ("pane-logs", "pane-gpus", "pane-procs", "pane-timeline")
+        current = next((p for p in order if self.focused is not None
+                        and self.query_one(f"#{p}") in self.focused.ancestors_with_self),
+                       self.shown_pane)
+        self._show_pane(order[(order.index(current) + direction) % len(order)])
+
+    def _show_pane(self, pane_id: str) -> None:
+        self.shown_pane = pane_id
+        self._layout(self.size.width, self.size.height)
+        pane = self.query_one(f"#{pane_id}")
+        target = pane.query_one(LogView) if pane_id == "pane-logs" else pane.children[0]
+        target.focus()
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        await self.action_quit_console()
+
+    async def action_quit_console(self) -> None:
+        run, host = self.sup.run, self.sup.profile.host.target
+        if self.demo and run is not None:
+            message = "demo: stopped the simulated server; nothing is left running"
+            self._alert(AlertRaised("info", "stopping the simulated server before quitting"))
+            await self._kill()
+            self.demo_stopped = self.sup.machine.state is State.STOPPED
+        elif run is not None and self.sup.machine.state.live:
+            message = (f"the server keeps running: run {run.run_id} on {host} (pid {run.pid}); "
+                       f"reattach with `specconsole {self.profile_arg}`, stop it with "
+                       f"`specconsole kill {self.profile_arg}`")
+            self._alert(AlertRaised("info", "quitting — " + message))
+            await asyncio.sleep(0.3)  # long enough to read that it stays up
+        else:
+            message = "nothing of this profile is running"
+        await self.sup.close()
+        restore = restore_command(self.env)
+        if restore is not None:
+            await run_quietly(restore)
+        self.exit(message)
+
+    def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for key in KEYS:
+            yield SystemCommand(key.description, key.help,
+                                lambda action=key.action: self.run_action(action))

@@ -1,0 +1,184 @@
+"""Supervisor events → console messages: the only place the console reads the supervisor.
+
+It keeps the view state that spans events (the process tree, GPU history, the last stall, how
+long the launch took, whether the link is down) and turns each batch of events into the few
+messages the widgets need. No drawing here, and no SSH, parsing or process logic in widgets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from textual.message import Message
+
+from tui.core.describe import death_lines, duration
+from tui.core.gpuview import GpuHistory
+from tui.core.logwindow import Entry
+from tui.core.proctree import ProcTree
+from tui.core.state import (
+    CauseUpdated,
+    Died,
+    HelperExited,
+    LineAdded,
+    Ready,
+    Stalled,
+    State,
+    StateChanged,
+)
+from tui.core.status import RunView, view_of
+from tui.messages import (
+    AlertRaised,
+    GpusChanged,
+    LogLines,
+    PreflightShown,
+    ProcsChanged,
+    RootCauseFound,
+    RunChanged,
+    RunReset,
+)
+from tui.supervisor import (
+    Fatal,
+    GpusSeen,
+    KillDone,
+    KillProgress,
+    LinkLost,
+    LinkRestored,
+    Notice,
+    PreflightDone,
+    ProcEnded,
+    ProcsSeen,
+    RunStarted,
+    Supervisor,
+)
+
+
+@dataclass
+class Bridge:
+    sup: Supervisor
+    procs: ProcTree = field(default_factory=ProcTree)
+    gpus: GpuHistory = field(default_factory=GpuHistory)
+    stalled: Stalled | None = None
+    ready_took: float | None = None
+    link: str | None = None
+    kill_steps: list[str] = field(default_factory=list)
+    _cause_offset: int | None = None
+
+    def view(self) -> RunView:
+        return view_of(self.sup.machine, stalled=self.stalled, ready_took=self.ready_took,
+                       link=self.link)
+
+    def translate(self, events: list[object], now: float) -> list[Message]:
+        """Messages for a batch of events, in order; snapshots once per batch."""
+        out: list[Message] = []
+        lines: list[Entry] = []
+        procs_changed = gpus_changed = run_changed = False
+
+        def flush_lines() -> None:
+            if lines:
+                out.append(LogLines(tuple(lines)))
+                lines.clear()
+
+        for event in events:
+            if isinstance(event, LineAdded):
+                lines.append(Entry(event.line, event.rule))
+                continue
+            flush_lines()
+            if isinstance(event, RunStarted):
+                self.procs, self.gpus = ProcTree(), GpuHistory()
+                self.stalled = self.ready_took = self._cause_offset = None
+                self.kill_steps = []
+                out.append(RunReset(event.run.run_id, event.run.pid, event.run.attached))
+                procs_changed = gpus_changed = run_changed = True
+            elif isinstance(event, ProcsSeen):
+                self.procs.update(event.procs)
+                procs_changed = True
+            elif isinstance(event, ProcEnded):
+                self.procs.ended(event.pid, event.name, event.code, event.signal)
+                procs_changed = True
+            elif isinstance(event, GpusSeen):
+                self.gpus.add(event.gpus)
+                self.procs.gpus(event.gpus)
+                gpus_changed = procs_changed = True
+            elif isinstance(event, (Died, CauseUpdated)):
+                out.extend(self._death(event))
+                procs_changed = run_changed = True
+            elif isinstance(event, Stalled):
+                self.stalled = event
+                out.append(AlertRaised("stalled", "STALLED — " + event.summary(),
+                                       "the server is alive but nothing moves"))
+                run_changed = True
+            elif isinstance(event, Ready):
+                self.ready_took = event.took
+                out.append(AlertRaised("ready", f"READY — took {duration(event.took)}",
+                                       f"serving on port {self.sup.profile.server.port}"))
+                run_changed = True
+            elif isinstance(event, StateChanged):
+                run_changed = True
+                if event.previous is State.STALLED and event.state is State.LOADING:
+                    self.stalled = None
+                    out.append(AlertRaised("info", "moving again: the log resumed"))
+            elif isinstance(event, (LinkLost, LinkRestored)):
+                out.extend(self._link(event))
+                run_changed = True
+            elif isinstance(event, PreflightDone):
+                out.append(PreflightShown(event.checks))
+            elif isinstance(event, KillProgress):
+                step = event.step
+                self.kill_steps.append(f"{step.step} {' '.join(map(str, step.pids)) or '—'}")
+                out.append(AlertRaised("killing", "KILLING — " + " → ".join(self.kill_steps)))
+            elif isinstance(event, KillDone):
+                out.append(self._killed(event))
+                procs_changed = run_changed = True
+            elif isinstance(event, Fatal):
+                out.append(AlertRaised("error", "ERROR — " + event.text))
+            elif isinstance(event, Notice):
+                out.append(AlertRaised("warning" if event.level == "warning" else "info",
+                                       event.text))
+            elif isinstance(event, HelperExited):
+                ex = event.exit
+                out.append(AlertRaised("info", f"helper {ex.name} (pid {ex.pid}) exited "
+                                               f"with code {ex.code}; not the server"))
+            else:  # phase and progress changes, helper notes: the run view moved
+                run_changed = True
+        flush_lines()
+        if procs_changed:
+            out.append(ProcsChanged(self.procs.rows(self.sup.machine.log_names), now))
+        if gpus_changed:
+            out.append(GpusChanged(self.gpus.rows()))
+        if run_changed:
+            out.append(RunChanged(self.view(), now))
+        return out
+
+    def _death(self, event: Died | CauseUpdated) -> list[Message]:
+        death = event.death
+        head, *rest = death_lines(death)
+        out: list[Message] = [AlertRaised("dead", head, "\n".join(rest))]
+        if death.cause is not None and death.cause.offset != self._cause_offset:
+            self._cause_offset = death.cause.offset
+            out.append(RootCauseFound(death.cause.offset, death.cause.line))
+        return out
+
+    def _link(self, event: LinkLost | LinkRestored) -> list[Message]:
+        if isinstance(event, LinkLost):
+            self.link = f"connection lost, retrying in {event.retry_in:.1f}s"
+            return [AlertRaised("link", f"CONNECTION LOST to {event.host} — retrying in "
+                                        f"{event.retry_in:.1f}s", event.reason)]
+        self.link = None
+        return [AlertRaised("info", f"connection restored to {event.host}; "
+                                    "the log resumes where it stopped")]
+
+    def _killed(self, event: KillDone) -> AlertRaised:
+        killed = event.killed
+        steps = " → ".join(self.kill_steps)
+        if killed.remaining:
+            return AlertRaised("error", "STILL RUNNING after kill: pids "
+                               + ", ".join(map(str, killed.remaining)), steps)
+        ours = [h for h in killed.gpu_holders if h.get("run", True)]
+        if killed.gpu_released is None:
+            gpu = "GPU memory: unknown (no NVML on the host)"
+        elif ours:
+            gpu = "GPU memory NOT released: " + ", ".join(
+                f"pid {h.get('pid')} on GPU {h.get('gpu')}" for h in ours)
+        else:
+            gpu = "GPU memory released"
+        return AlertRaised("stopped", f"STOPPED — no process of the run remains · {gpu}", steps)

@@ -1,0 +1,128 @@
+"""The console's view of a run's log: a capped window of classified lines, filtered or raw.
+
+However long the log, the console holds at most `cap` lines; older ones stay in the remote
+file and come back a page at a time when the user scrolls past the top (`prepend`). A window
+scrolled back that far is detached from the live end: new lines are counted, not kept, until
+the user follows again and the window is re-anchored at the end of the log (`reset`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tui.core.logline import LogLine
+from tui.core.noise import NoiseRule
+
+DEFAULT_CAP = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    line: LogLine
+    rule: NoiseRule | None
+
+    @property
+    def shown(self) -> bool:
+        """Shown in the filtered view: not hidden by a rule (harmless lines show, dimmed)."""
+        return self.rule is None or self.rule.kind != "hide"
+
+    @property
+    def end(self) -> int:
+        return self.line.offset + len(self.line.raw.encode("utf-8", "replace")) + 1
+
+
+class LogWindow:
+    """Lines [first offset, end) of one run's log, at most `cap` of them."""
+
+    def __init__(self, cap: int = DEFAULT_CAP) -> None:
+        self.cap = cap
+        self._entries: deque[Entry] = deque()
+        self._shown: deque[Entry] = deque()
+        self.hidden: dict[str, int] = {}  # label → lines hidden, over the whole run
+        self.harmless: dict[str, int] = {}
+        self.detached = False  # scrolled back past the cap: not following the live end
+        self.missed = 0  # live lines not kept while detached
+        self.log_end = 0  # the end of the log as far as the live stream has reached
+        self.evicted = {True: 0, False: 0}  # lines dropped from the front, by view (raw?)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def start(self) -> int:
+        """Byte offset of the oldest line held (what is before it is in the remote file)."""
+        return self._entries[0].line.offset if self._entries else self.log_end
+
+    def view(self, raw: bool) -> deque[Entry]:
+        return self._entries if raw else self._shown
+
+    def append(self, entries: Iterable[Entry]) -> int:
+        """Live lines; returns how many were kept (none while detached)."""
+        kept = 0
+        for entry in entries:
+            if entry.rule is not None:
+                counts = self.hidden if entry.rule.kind == "hide" else self.harmless
+                counts[entry.rule.label] = counts.get(entry.rule.label, 0) + 1
+            self.log_end = max(self.log_end, entry.end)
+            if self.detached:
+                self.missed += 1
+                continue
+            self._entries.append(entry)
+            if entry.shown:
+                self._shown.append(entry)
+            kept += 1
+        while len(self._entries) > self.cap:
+            self._drop_oldest()
+        return kept
+
+    def _drop_oldest(self) -> None:
+        old = self._entries.popleft()
+        self.evicted[True] += 1
+        if self._shown and self._shown[0] is old:
+            self._shown.popleft()
+            self.evicted[False] += 1
+
+    def prepend(self, entries: list[Entry]) -> None:
+        """An older page, just before `start`; the newest lines go if the cap is passed."""
+        for entry in reversed(entries):
+            self._entries.appendleft(entry)
+            if entry.shown:
+                self._shown.appendleft(entry)
+        while len(self._entries) > self.cap:
+            newest = self._entries.pop()
+            if self._shown and self._shown[-1] is newest:
+                self._shown.pop()
+            self.detached = True
+
+    def reset(self, entries: list[Entry]) -> None:
+        """Re-anchor at the live end with the log's last page (counts are kept)."""
+        self._entries.clear()
+        self._shown.clear()
+        self.detached = False
+        self.missed = 0
+        for entry in entries[-self.cap:]:
+            self._entries.append(entry)
+            if entry.shown:
+                self._shown.append(entry)
+            self.log_end = max(self.log_end, entry.end)
+
+    def clear(self) -> None:
+        """A new run: nothing held, nothing counted."""
+        self.reset([])
+        self.hidden.clear()
+        self.harmless.clear()
+        self.log_end = 0
+
+    def find(self, offset: int, raw: bool) -> int | None:
+        """Index in the view of the line at byte `offset` (or the first after it)."""
+        for index, entry in enumerate(self.view(raw)):
+            if entry.line.offset >= offset:
+                return index
+        return None
+
+    def matches(self, pattern: re.Pattern[str], raw: bool) -> list[int]:
+        """Indices in the view of the lines whose visible text matches."""
+        return [i for i, e in enumerate(self.view(raw)) if pattern.search(e.line.plain)]

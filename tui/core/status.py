@@ -1,0 +1,136 @@
+"""What the console says about a run, in words: the status line and the timeline's rows.
+
+Pure formatting over a `RunView` (a snapshot of the launch machine plus the last alerts), so the
+sentences are tested as tables and the widgets only draw them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from tui.core.describe import duration
+from tui.core.phases import Phase
+from tui.core.state import Death, LaunchMachine, Stalled, State
+from tui.core.timeline import PhaseSpan
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    """A snapshot of one run for drawing: safe to hand to a widget (copies, not live objects)."""
+
+    state: State
+    spans: tuple[PhaseSpan, ...] = ()
+    launched_at: float | None = None
+    finished_at: float | None = None
+    expected_load_s: float | None = None
+    death: Death | None = None
+    stalled: Stalled | None = None
+    ready_took: float | None = None
+    link: str | None = None  # "connection lost, retrying in 2.0s" while the link is down
+
+    @property
+    def current(self) -> PhaseSpan | None:
+        return self.spans[-1] if self.spans else None
+
+    def elapsed(self, now: float) -> float:
+        if self.launched_at is None:
+            return 0.0
+        return (self.finished_at if self.finished_at is not None else now) - self.launched_at
+
+    def eta(self, now: float) -> float | None:
+        if (self.expected_load_s is None or self.launched_at is None
+                or self.finished_at is not None):
+            return None
+        return self.launched_at + self.expected_load_s - now
+
+
+def view_of(machine: LaunchMachine, *, stalled: Stalled | None = None,
+            ready_took: float | None = None, link: str | None = None) -> RunView:
+    tl = machine.timeline
+    return RunView(machine.state,
+                   tuple(replace(s) for s in tl.spans) if tl is not None else (),
+                   tl.launched_at if tl is not None else None,
+                   tl.finished_at if tl is not None else None,
+                   machine.expected_load_s, machine.death,
+                   stalled if machine.state is State.STALLED else None, ready_took, link)
+
+
+def progress_text(span: PhaseSpan) -> str:
+    """`43 % (31/64 shards)`, `43 %`, `31/64 shards` or nothing."""
+    parts = []
+    if span.progress is not None:
+        parts.append(f"{span.progress * 100:.0f} %")
+    if span.shards is not None:
+        shards = f"{span.shards[0]}/{span.shards[1]} shards"
+        parts.append(f"({shards})" if parts else shards)
+    return " ".join(parts)
+
+
+def _eta_text(view: RunView, now: float) -> str:
+    eta = view.eta(now)
+    if eta is None:
+        return ""
+    if eta <= 0:
+        return f" · over the expected {duration(view.expected_load_s or 0)}"
+    return f" · ETA ~{duration(eta)}"
+
+
+def status_line(view: RunView, now: float) -> str:
+    """One sentence: what is happening and since when."""
+    elapsed = duration(view.elapsed(now))
+    cur = view.current
+    phase = cur.phase.label if cur is not None else "starting"
+    text: str
+    if view.state is State.DEAD and view.death is not None:
+        where = f" in {view.death.phase.label}" if view.death.phase is not None else ""
+        text = f"DEAD{where} · {view.death.summary()}"
+    elif view.state is State.STALLED and view.stalled is not None:
+        text = f"STALLED in {phase} · {view.stalled.summary()} · {elapsed}"
+    elif view.state is State.READY:
+        took = duration(view.ready_took) if view.ready_took is not None else elapsed
+        text = f"READY · serving · took {took}"
+    elif view.state is State.LOADING and cur is not None:
+        progress = progress_text(cur)
+        text = f"{phase}{' ' + progress if progress else ''} · {elapsed}{_eta_text(view, now)}"
+    elif view.state is State.STARTING:
+        text = f"starting the server · {elapsed}{_eta_text(view, now)}"
+    elif view.state is State.PREFLIGHT:
+        text = "preflight checks on the host"
+    elif view.state is State.KILLING:
+        text = "killing the run: TERM, then KILL after the grace, then a sweep"
+    elif view.state is State.STOPPED:
+        text = f"stopped after {elapsed} · no server running"
+    else:
+        text = "connecting"
+    return f"{view.link} · {text}" if view.link else text
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineRow:
+    mark: str  # ✓ done, ▶ current, ✗ died here
+    label: str
+    start_s: float  # seconds after launch
+    duration_s: float
+    progress: float | None
+    detail: str
+    current: bool
+    failed: bool
+
+
+def timeline_rows(view: RunView, now: float) -> list[TimelineRow]:
+    """Phases in order; the current one open, the one a death happened in marked."""
+    rows = []
+    launched = view.launched_at or 0.0
+    for span in view.spans:
+        current = span.end is None
+        failed = span.failed or (view.state is State.DEAD and span is view.current
+                                 and span.phase is not Phase.SERVING and view.death is not None
+                                 and view.death.phase is span.phase)
+        mark = "✗" if failed else ("▶" if current else "✓")
+        rows.append(TimelineRow(mark, span.phase.label, span.start - launched,
+                                span.duration(now), span.progress, progress_text(span),
+                                current, failed))
+    if view.state is State.DEAD and view.death is not None and view.death.phase is Phase.SERVING:
+        rows.append(TimelineRow("✗", Phase.SERVING.label, view.death.since_launch, 0.0, None,
+                                "died while serving", False, True))
+    return rows

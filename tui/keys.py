@@ -1,0 +1,47 @@
+"""The console's keys, declared once as data: bindings, the footer, help and the palette."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.binding import Binding
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    id: str
+    key: str
+    action: str
+    description: str
+    help: str
+    show: bool = True
+    display: str | None = None
+
+
+KEYS: tuple[Key, ...] = (
+    Key("restart", "r", "restart", "Restart",
+        "Kill this run (after you confirm), check nothing is left, launch a new run"),
+    Key("kill", "k", "kill", "Kill",
+        "TERM the run's process group, KILL after the grace, sweep by run id, verify"),
+    Key("raw", "f", "toggle_raw", "Raw/filtered",
+        "Show every line, or hide the noise rules' lines (counted in the log header)"),
+    Key("search", "slash", "search", "Search", "Search the log by regular expression",
+        display="/"),
+    Key("next-match", "n", "next_match", "Next", "Next search match", show=False),
+    Key("prev-match", "N", "prev_match", "Previous", "Previous search match", show=False),
+    Key("follow", "space", "toggle_follow", "Follow/pause",
+        "Follow new log lines, or hold the view where it is"),
+    Key("next-pane", "tab", "next_pane", "Next pane",
+        "Move to the next pane (on a small terminal: show it)"),
+    Key("prev-pane", "shift+tab", "prev_pane", "Previous pane", "Move to the previous pane",
+        show=False),
+    Key("help", "question_mark", "help", "Help", "These keys", display="?"),
+    Key("quit", "q", "quit_console", "Quit",
+        "Leave the console; the server keeps running (the demo stops its own)"),
+)
+
+
+def bindings() -> list[Binding]:
+    return [Binding(k.key, k.action, k.description, show=k.show, key_display=k.display,
+                    tooltip=k.help, id=k.id, priority=k.id in ("next-pane", "prev-pane"))
+            for k in KEYS]

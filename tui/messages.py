@@ -1,0 +1,81 @@
+"""The console's messages: small dataclasses the bridge posts to the widgets.
+
+Snapshots (processes, GPUs, the run view) replace an older one still in the queue
+(`can_replace`), so a burst of updates costs one redraw; log lines never replace each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.message import Message
+
+from tui.core.gpuview import GpuRow
+from tui.core.logwindow import Entry
+from tui.core.proctree import ProcRow
+from tui.core.protocol import Check
+from tui.core.status import RunView
+
+
+@dataclass
+class LogLines(Message):
+    """New live lines of the run's log, in order."""
+
+    entries: tuple[Entry, ...]
+
+
+@dataclass
+class RootCauseFound(Message):
+    """The root cause's line, by byte offset: mark it and jump to it."""
+
+    offset: int
+    line: str
+
+
+@dataclass
+class ProcsChanged(Message):
+    rows: tuple[ProcRow, ...]
+    now: float
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, ProcsChanged)
+
+
+@dataclass
+class GpusChanged(Message):
+    rows: tuple[GpuRow, ...]
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, GpusChanged)
+
+
+@dataclass
+class RunChanged(Message):
+    view: RunView
+    now: float
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, RunChanged)
+
+
+@dataclass
+class AlertRaised(Message):
+    """A banner: `kind` is dead, stalled, ready, link, killing, stopped, error or info."""
+
+    kind: str
+    title: str
+    detail: str = ""
+
+
+@dataclass
+class PreflightShown(Message):
+    checks: tuple[Check, ...]
+
+
+@dataclass
+class RunReset(Message):
+    """A new run begins (launch, restart, attach): panes start empty."""
+
+    run_id: str
+    pid: int
+    attached: bool

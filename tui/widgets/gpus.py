@@ -1,0 +1,61 @@
+"""GPUs pane: one row per device: memory bar with numbers, utilisation, memory since launch,
+the pid holding it; a device that stopped growing while its peers grow is marked."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widget import Widget
+
+from tui.core.gpuview import GpuRow
+from tui.messages import GpusChanged
+from tui.widgets.format import bar, gib, sparkline
+
+
+class GpuPane(Widget, can_focus=True):
+    """Rows drawn from the last GpusChanged; nothing is sampled here."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.rows: tuple[GpuRow, ...] = ()
+
+    def on_gpus_changed(self, message: GpusChanged) -> None:
+        self.rows = message.rows
+        self.refresh(layout=True)
+
+    def reset(self) -> None:
+        self.rows = ()
+        self.refresh(layout=True)
+
+    def get_content_height(self, container: object, viewport: object, width: int) -> int:
+        return max(1, len(self.rows))
+
+    def render(self) -> Text:
+        if not self.rows:
+            return Text("no GPU data yet", style="dim")
+        width = self.size.width
+        names = [r.info.name.removeprefix("NVIDIA ") for r in self.rows]
+        name_w = min(10, max(map(len, names)))
+        # index, name, bar, numbers, util, sparkline, holder: the bar and sparkline share the rest
+        fixed = 2 + name_w + 1 + 14 + 5 + 11 + 5
+        spare = max(8, width - fixed)
+        bar_w = max(6, spare * 3 // 5)
+        spark_w = max(0, spare - bar_w - 1)
+        out = Text(no_wrap=True, overflow="crop")
+        for i, row in enumerate(self.rows):
+            gpu = row.info
+            used, total = gpu.mem_used, gpu.mem_total
+            frac = (used or 0) / total if total else 0.0
+            style = "bold yellow" if row.lagging else ("red" if frac > 0.95 else "green")
+            out.append(f"{gpu.index} ", style="bold")
+            out.append(f"{names[i][:name_w]:<{name_w}} ")
+            out.append_text(bar(frac, bar_w, style))
+            out.append(f" {gib(used):>5}/{gib(total):>5}G ")
+            out.append(f"{gpu.util:>3}%" if gpu.util is not None else "  —%", style="cyan")
+            if spark_w:
+                out.append(" " + sparkline(row.history, total or 0, spark_w), style="blue")
+            out.append(f" pid {row.holder}" if row.holder is not None else " —", style="dim")
+            if row.lagging:
+                out.append(" ⚠ flat", style="bold yellow")
+            if i < len(self.rows) - 1:
+                out.append("\n")
+        return out

@@ -1,0 +1,334 @@
+"""Logs pane: the run's log, noise-filtered by default, searchable, following or paused.
+
+The lines live in a capped LogWindow; this widget only draws the visible ones (the Line API)
+and asks the app, by message, for older pages when scrolled past the top. Remote text arrives
+here with escapes already stripped by the decoder: nothing from the host reaches the terminal
+but plain text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from rich.segment import Segment
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.geometry import Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+from textual.widgets import Input, Static
+
+from tui.core.logwindow import Entry, LogWindow
+from tui.messages import LogLines, RootCauseFound, RunReset
+
+CAUSE_MARK = "▶ ROOT CAUSE "
+MAX_DRAWN = 2000  # characters of one line drawn; the rest stays in the file
+_ERROR_RE = re.compile(r"^(Traceback \(most recent call last\)|\w*(Error|Exception)\b)")
+
+
+@dataclass
+class NeedOlder(Message):
+    """Scrolled past the oldest line held: the page before byte `before`, please."""
+
+    before: int
+
+
+@dataclass
+class NeedTail(Message):
+    """Following again after scrolling far back: re-anchor at the log's end."""
+
+
+class LogView(ScrollView, can_focus=True):
+    """Draws the window's current view, line by line."""
+
+    def __init__(self, window: LogWindow, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.window = window
+        self.raw = False
+        self.following = True
+        self.cause_offset: int | None = None
+        self.pattern: re.Pattern[str] | None = None
+        self.current_match: int | None = None
+        self._width = 0
+        self._asked_before: int | None = None
+
+    # -- content ---------------------------------------------------------------------------
+
+    def add(self, entries: tuple[Entry, ...]) -> None:
+        evicted = self.window.evicted[self.raw]
+        self.window.append(entries)
+        dropped = self.window.evicted[self.raw] - evicted
+        for entry in entries:
+            self._width = max(self._width, min(MAX_DRAWN, len(entry.line.plain)) + 4)
+        self._resize()
+        if self.following:
+            self.scroll_end(animate=False, immediate=True)
+        elif dropped:
+            self.scroll_to(y=max(0, self.scroll_y - dropped), animate=False, immediate=True)
+        self.refresh()
+
+    def prepend(self, entries: list[Entry]) -> None:
+        before = len(self.window.view(self.raw))
+        self.window.prepend(entries)
+        added = len(self.window.view(self.raw)) - before
+        self._asked_before = None
+        self._resize()
+        self.scroll_to(y=self.scroll_y + max(0, added), animate=False, immediate=True)
+        self.refresh()
+
+    def reanchor(self, entries: list[Entry]) -> None:
+        self.window.reset(entries)
+        self._resize()
+        self.scroll_end(animate=False, immediate=True)
+        self.refresh()
+
+    def reset(self) -> None:
+        self.window.clear()
+        self.cause_offset = self.pattern = self.current_match = None
+        self.following, self._width, self._asked_before = True, 0, None
+        self._resize()
+        self.refresh()
+
+    def _resize(self) -> None:
+        self.virtual_size = Size(self._width, len(self.window.view(self.raw)))
+
+    def set_raw(self, raw: bool) -> None:
+        """Switch views, keeping the line at the top of the screen in place."""
+        view = self.window.view(self.raw)
+        top = view[int(self.scroll_y)].line.offset if int(self.scroll_y) < len(view) else None
+        self.raw = raw
+        self.current_match = None
+        self._resize()
+        if self.following or top is None:
+            self.scroll_end(animate=False, immediate=True)
+        else:
+            index = self.window.find(top, raw)
+            self.scroll_to(y=index or 0, animate=False, immediate=True)
+        self.refresh()
+
+    # -- moving ----------------------------------------------------------------------------
+
+    def follow(self, on: bool) -> None:
+        self.following = on
+        if on:
+            if self.window.detached:
+                self.post_message(NeedTail())
+            self.scroll_end(animate=False, immediate=True)
+
+    def show_offset(self, offset: int) -> bool:
+        """Put the line at `offset` in the middle of the screen and hold the view there."""
+        index = self.window.find(offset, self.raw)
+        if index is None:
+            return False
+        self.following = False
+        self.scroll_to(y=max(0, index - self.size.height // 2), animate=False, immediate=True)
+        self.refresh()
+        return True
+
+    def search(self, pattern: re.Pattern[str] | None) -> int:
+        self.pattern, self.current_match = pattern, None
+        self.refresh()
+        return self.step(+1) if pattern is not None else 0
+
+    def step(self, direction: int) -> int:
+        """Move to the next (+1) or previous (-1) match; how many matches there are."""
+        if self.pattern is None:
+            return 0
+        hits = self.window.matches(self.pattern, self.raw)
+        if not hits:
+            self.current_match = None
+            self.refresh()
+            return 0
+        here = self.current_match if self.current_match is not None else int(self.scroll_y) - 1
+        after = [h for h in hits if (h > here if direction > 0 else h < here)]
+        target = (after[0] if direction > 0 else after[-1]) if after else (
+            hits[0] if direction > 0 else hits[-1])
+        self.current_match = target
+        self.following = False
+        self.scroll_to(y=max(0, target - self.size.height // 2), animate=False, immediate=True)
+        self.refresh()
+        return len(hits)
+
+    def _maybe_older(self) -> None:
+        start = self.window.start
+        if int(self.scroll_y) == 0 and start > 0 and self._asked_before != start:
+            self._asked_before = start
+            self.post_message(NeedOlder(start))
+
+    def action_scroll_up(self) -> None:
+        self.following = False
+        super().action_scroll_up()
+        self._maybe_older()
+
+    def action_page_up(self) -> None:
+        self.following = False
+        super().action_page_up()
+        self._maybe_older()
+
+    def action_scroll_home(self) -> None:
+        self.following = False
+        super().action_scroll_home()
+        self._maybe_older()
+
+    def action_scroll_end(self) -> None:
+        self.follow(True)
+
+    def watch_scroll_y(self, old: float, new: float) -> None:
+        super().watch_scroll_y(old, new)
+        if new == 0 and old != 0 and not self.following:
+            self._maybe_older()
+
+    # -- drawing ---------------------------------------------------------------------------
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        index = scroll_y + y
+        view = self.window.view(self.raw)
+        width = self.size.width
+        if index >= len(view):
+            return Strip.blank(width, self.rich_style)
+        text = self.line_text(view[index], index == self.current_match)
+        segments = [Segment(s.text, s.style) for s in text.render(self.app.console)
+                    if s.text != "\n"]
+        return Strip(segments).crop_extend(scroll_x, scroll_x + width, self.rich_style)
+
+    def line_text(self, entry: Entry, current: bool) -> Text:
+        """One line as the user sees it: marked, dimmed, highlighted."""
+        line = entry.line
+        plain = line.plain if len(line.plain) <= MAX_DRAWN else (
+            line.plain[:MAX_DRAWN] + f" … ({len(line.plain) - MAX_DRAWN} more characters)")
+        text = Text(plain, no_wrap=True)
+        rule = entry.rule
+        shift = 0  # where the line's own text starts (after a marker)
+        if line.offset == self.cause_offset:
+            text.stylize("bold red")
+            text, shift = Text.assemble((CAUSE_MARK, "bold white on red"), text), len(CAUSE_MARK)
+        elif rule is not None:
+            text.stylize("dim")
+            kind = "harmless" if rule.kind == "harmless" else "hidden"
+            text.append(f"  [{kind}: {rule.label}]", style="dim italic")
+        elif line.level in ("ERROR", "CRITICAL") or _ERROR_RE.match(line.message):
+            text.stylize("bold red")
+        elif line.level == "WARNING":
+            text.stylize("yellow")
+        if self.pattern is not None:
+            for m in self.pattern.finditer(plain):
+                if m.end() > m.start():
+                    text.stylize("black on yellow", m.start() + shift, m.end() + shift)
+        if current:
+            text.stylize("reverse")
+        return text
+
+
+class LogPane(Vertical):
+    """Header (view, follow, what the rules hid), the lines, and the search box."""
+
+    def __init__(self, window: LogWindow | None = None, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.window = window or LogWindow()
+        self.search_text = ""
+        self.match_count = 0
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="log-header")
+        yield LogView(self.window, id="log-view")
+        yield Input(placeholder="regex — Enter to search, Esc to close", id="log-search")
+
+    @property
+    def view(self) -> LogView:
+        return self.query_one(LogView)
+
+    def on_mount(self) -> None:
+        self.query_one("#log-search", Input).display = False
+        self.update_header()
+
+    def on_log_lines(self, message: LogLines) -> None:
+        self.view.add(message.entries)
+        self.update_header()
+
+    def on_root_cause_found(self, message: RootCauseFound) -> None:
+        self.view.cause_offset = message.offset
+        self.view.show_offset(message.offset)
+        self.update_header()
+
+    def on_run_reset(self, message: RunReset) -> None:
+        self.view.reset()
+        self.update_header()
+
+    def update_header(self) -> None:
+        view = self.view
+        w = self.window
+        parts = [Text("raw" if view.raw else "filtered", style="bold"),
+                 Text(" · following" if view.following else " · paused",
+                      style="green" if view.following else "yellow")]
+        if w.detached:
+            parts.append(Text(f" · scrolled back: {w.missed} newer lines — space to follow",
+                              style="yellow"))
+        elif w.start > 0:
+            parts.append(Text(" · older lines in the remote file (scroll up to load)",
+                              style="dim"))
+        if view.pattern is not None:
+            parts.append(Text(f" · /{self.search_text}/ {self.match_count} matches",
+                              style="cyan"))
+        hidden = sum(w.hidden.values())
+        if hidden:
+            top = sorted(w.hidden.items(), key=lambda kv: -kv[1])
+            parts.append(Text(f" · hid {hidden}: " + ", ".join(f"{k} {n}" for k, n in top),
+                              style="dim"))
+        harmless = sum(w.harmless.values())
+        if harmless:
+            parts.append(Text(" · harmless: " + ", ".join(
+                f"{k} {n}" for k, n in w.harmless.items()), style="dim"))
+        self.query_one("#log-header", Static).update(Text.assemble(*parts))
+
+    # -- actions the app forwards ----------------------------------------------------------
+
+    def toggle_raw(self) -> None:
+        self.view.set_raw(not self.view.raw)
+        if self.view.pattern is not None:
+            self.match_count = self.view.step(+1)
+        self.update_header()
+
+    def toggle_follow(self) -> None:
+        self.view.follow(not self.view.following)
+        self.update_header()
+
+    def open_search(self) -> None:
+        box = self.query_one("#log-search", Input)
+        box.display = True
+        box.value = self.search_text
+        box.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        box = self.query_one("#log-search", Input)
+        text = event.value
+        if not text:
+            self.view.search(None)
+            self.search_text, self.match_count = "", 0
+        else:
+            try:
+                pattern = re.compile(text)
+            except re.error as exc:
+                self.app.notify(f"not a regular expression: {exc}", severity="error")
+                return
+            self.search_text = text
+            self.match_count = self.view.search(pattern)
+            if not self.match_count:
+                self.app.notify(f"no line matches /{text}/", severity="warning")
+        box.display = False
+        self.view.focus()
+        self.update_header()
+
+    def close_search(self) -> None:
+        box = self.query_one("#log-search", Input)
+        if box.display:
+            box.display = False
+            self.view.focus()
+
+    def step(self, direction: int) -> None:
+        self.match_count = self.view.step(direction)
+        self.update_header()

@@ -1,0 +1,45 @@
+"""Processes pane: the run's tree (API server → engine core → workers) with pid, vLLM name,
+state, CPU, RSS, GPU memory and age; the dead stay, marked with their exit code."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from tui.core.proctree import ProcRow
+from tui.messages import ProcsChanged
+from tui.widgets.format import age, size
+
+COLUMNS = ("pid", "process", "state", "CPU %", "RSS", "GPU mem", "age")
+
+
+class ProcPane(DataTable[Text | str]):
+    """A table redrawn in place from each ProcsChanged."""
+
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.zebra_stripes = False
+        for col in COLUMNS:
+            self.add_column(col, key=col)
+
+    def on_procs_changed(self, message: ProcsChanged) -> None:
+        self.show(message.rows, message.now)
+
+    def show(self, rows: tuple[ProcRow, ...], now: float) -> None:
+        cursor = self.cursor_row
+        self.clear()
+        for row in rows:
+            name = "  " * row.depth + ("└ " if row.depth else "") + row.name
+            if row.alive:
+                cells: list[Text | str] = [
+                    str(row.pid), name, row.state,
+                    "—" if row.cpu is None else f"{row.cpu:.0f}", size(row.rss),
+                    size(row.gpu_mem) if row.gpu_mem else "—", age(row.started, now)]
+            else:
+                dead = "bold red"
+                cells = [Text(str(row.pid), style=dead), Text(name, style=dead),
+                         Text(f"DEAD {row.exit or ''}".strip(), style="bold white on red"),
+                         "", "", "", ""]
+            self.add_row(*cells, key=str(row.pid))
+        if rows:
+            self.move_cursor(row=min(cursor, len(rows) - 1))
