@@ -39,6 +39,11 @@ _SYMPTOM_RE = re.compile(
 )
 # Every symptom contains one of these.
 _SYMPTOM_NEEDLES = ("ailed", "died", "ncountered", "EngineDead", "xited", "sigquit", "root cause")
+# Exceptions that only say another process failed (vLLM's model inspection runs in a
+# subprocess and re-raises its failure, with the child's own traceback printed below): the
+# cause when nothing better is known, else the real exception that follows wins.
+_ELSEWHERE_RE = re.compile(
+    r"(?:[\w.]+\.)?CalledProcessError\b|RuntimeError: Error raised in subprocess")
 # Exceptions a signal or a shutdown raises: consequences, neither cause nor symptom.
 _CONSEQUENCE_RE = re.compile(r"(?:[\w.]+\.)?(?:KeyboardInterrupt|SystemExit|CancelledError)\b")
 # The last line of a traceback: `pkg.mod.Name: message`, `Name:` or a bare `Name`.
@@ -73,11 +78,12 @@ class _Trace:
 
 
 class _Candidate:
-    __slots__ = ("line", "offset", "pid", "proc", "trace")
+    __slots__ = ("elsewhere", "line", "offset", "pid", "proc", "trace")
 
     def __init__(self, line: str, proc: str | None, pid: int | None, offset: int,
                  trace: list[str]) -> None:
         self.line, self.proc, self.pid, self.offset, self.trace = line, proc, pid, offset, trace
+        self.elsewhere = _ELSEWHERE_RE.match(line) is not None
 
 
 class RootCauseTracker:
@@ -110,12 +116,13 @@ class RootCauseTracker:
         cands = self._candidates
         if not cands:
             return None
-        chosen = cands[0]
         if self._death is not None:
             pid, name = self._death
             short = name.removeprefix("VLLM::")
-            chosen = next((c for c in cands if c.pid == pid), None) or next(
-                (c for c in cands if c.proc is not None and c.proc == short), cands[0])
+            cands = ([c for c in cands if c.pid == pid]
+                     or [c for c in cands if c.proc is not None and c.proc == short] or cands)
+        # a failure reported from another process gives way to a real exception of the same one
+        chosen = next((c for c in cands if not c.elsewhere), cands[0])
         return RootCause(chosen.line, chosen.proc, chosen.pid, chosen.offset, self.symptoms,
                          tuple(chosen.trace))
 

@@ -8,6 +8,7 @@ code: a real vLLM exits 0 after its engine core was killed.
 
 from __future__ import annotations
 
+import ast
 import enum
 import re
 from collections.abc import Iterable
@@ -18,6 +19,7 @@ from tui.core.noise import NoiseFilter, NoiseRule
 from tui.core.phases import Phase, PhaseHit, detect_phase
 from tui.core.protocol import Gpus, Health, ProcExit, ProcInfo, Procs, RunExit
 from tui.core.rootcause import RootCause, RootCauseTracker
+from tui.core.specdecode import SpecDecodeInterval, parse_interval
 from tui.core.timeline import Timeline
 
 
@@ -52,6 +54,11 @@ _HELPER = re.compile(r"^(resource_tracker|g\+\+|c\+\+|gcc|cc1plus|cc1|as|ld|coll
 _REPORTED_EXIT = re.compile(
     r"(?:Worker proc (?P<worker>\S+) died unexpectedly \(exit code: (?P<wcode>-?\d+)\)"
     r"|Failed core proc\(s\): \{'(?P<core>[^']+)': (?P<ccode>-?\d+)\})")
+# A parent's report that a command it ran failed (Python's CalledProcessError): vLLM's model
+# inspection subprocess is reaped by the API server before the agent can read its code.
+_REPORTED_COMMAND = re.compile(r"Command '(\[.*?\])' returned non-zero exit status (-?\d+)")
+# Exits of unknown code kept until the log reports them (a few: inspection children are rare)
+_PENDING_MAX = 16
 # Heartbeats of a hang: lines that must not count as progress.
 _HANG_HEARTBEAT = "No available shared memory broadcast block found"
 
@@ -169,6 +176,10 @@ class LaunchMachine:
     # was reaped by its parent is known to the agent only by a provisional name and no code
     log_names: dict[int, str] = field(default_factory=dict)
     reported_codes: dict[str, int] = field(default_factory=dict)
+    # processes that ended with an unknown code, until the log says how (see _REPORTED_COMMAND)
+    pending_exits: dict[int, ProcExit] = field(default_factory=dict)
+    # the latest `SpecDecoding metrics:` interval (acceptance while serving)
+    spec_decode: SpecDecodeInterval | None = None
     health_paths: tuple[str, ...] = ("/health", "/v1/models")
     _health_ok: set[str] = field(default_factory=set)
     _gpus: dict[int, _GpuTrack] = field(default_factory=dict)
@@ -220,12 +231,16 @@ class LaunchMachine:
             rule = self.noise.classify(line)
             events.append(LineAdded(line, rule))
             self.tracker.feed(line)
+            if self.pending_exits and "non-zero exit status" in line.message:
+                events.extend(self._reported_command_failure(line.message, at))
             if _HANG_HEARTBEAT not in line.message:
                 progressed = True
             if rule is None:
                 hit = detect_phase(line, self.engine)
                 if hit is not None:
                     events.extend(self._on_phase(hit, at))
+                    if hit.phase is Phase.SERVING:
+                        self.spec_decode = parse_interval(line.message) or self.spec_decode
         if progressed:
             self.last_line_at = at
             if self.state is State.STALLED:
@@ -246,6 +261,24 @@ class LaunchMachine:
         m = _REPORTED_EXIT.search(message)
         if m is not None:
             self.reported_codes.setdefault(m["worker"] or m["core"], int(m["wcode"] or m["ccode"]))
+
+    def _reported_command_failure(self, message: str, at: float) -> list[DomainEvent]:
+        """A process that ended with an unknown code turns out, by its parent's log, to have
+        failed: it is the death it was, at the time it ended."""
+        m = _REPORTED_COMMAND.search(message)
+        if m is None:
+            return []
+        try:
+            argv = ast.literal_eval(m.group(1))
+        except (ValueError, SyntaxError):
+            return []
+        command = " ".join(map(str, argv))
+        for pid, ex in self.pending_exits.items():
+            proc = self.procs.get(pid)
+            if proc is not None and proc.cmd and command.startswith(proc.cmd):
+                del self.pending_exits[pid]
+                return self.feed_exit(replace(ex, code=int(m.group(2))), at)
+        return []
 
     def _on_phase(self, hit: PhaseHit, at: float) -> list[DomainEvent]:
         events: list[DomainEvent] = []
@@ -282,6 +315,10 @@ class LaunchMachine:
         # any other process that failed is a death too; one that ended cleanly (or was reaped
         # before its code could be read, like vLLM's model-inspection subprocess) is not
         if not server and (not failed or _HELPER.match(ex.name)):
+            if ex.code is None and ex.signal is None and not _HELPER.match(ex.name):
+                if len(self.pending_exits) >= _PENDING_MAX:
+                    self.pending_exits.pop(next(iter(self.pending_exits)))
+                self.pending_exits[ex.pid] = ex
             return [HelperExited(ex)] if failed else []
         self.tracker.note_death(ex.pid, ex.name)
         launched = self.launched_at if self.launched_at is not None else ex.time

@@ -1,0 +1,410 @@
+"""The real-vLLM lane: a real `vllm serve` (CPU build) with an EAGLE-3 drafter, under
+specconsole, through the local session and the in-process SSH server.
+
+Deselected by default (`-m 'not lab and not vllm'`); `python3 -m tui.bootstrap vllm` sets up the
+environment (tests/vllm_lane/setup_env.py) and runs this file. Every launch is killed through
+`specconsole kill` and verified; a finaliser sweeps by SPECCONSOLE_RUN_ID as a backstop. The
+crash story shadows vLLM's llama.py with a patched copy (tests/vllm_lane/shadow): the installed
+vLLM is never modified. Figures (time to READY or DEAD per launch) go to lane-figures.json in
+the lane's directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from helpers import carriers
+from vllm_lane.lane import (
+    DeathWatch,
+    http,
+    lane_profile,
+    patched_llama,
+    port_free,
+    shadow_env,
+)
+from vllm_lane.setup_env import env_dir
+
+from tui.core.phases import Phase, detect_phase
+from tui.core.profile import Profile
+from tui.core.specdecode import parse_interval, parse_totals
+from tui.core.state import CauseUpdated, Died, LineAdded, PhaseChanged, ProgressChanged, Ready
+from tui.supervisor import ProcsSeen, Supervisor
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(400)]
+
+ROOT = Path(__file__).resolve().parent.parent
+READY_TIMEOUT = 240.0
+STARTUP_PHASES = [Phase.LAUNCH, Phase.CONFIG, Phase.WEIGHTS, Phase.DRAFTER, Phase.KV_CACHE,
+                  Phase.API_SERVER, Phase.READY_LOG]
+
+
+# -- fixtures -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def lane_dir() -> Path:
+    root = env_dir()
+    if not (root / "venv" / ".specconsole-lane").exists():
+        pytest.fail(f"no vLLM lane environment in {root}: run `python3 -m tui.bootstrap vllm` "
+                    "(or python3 tests/vllm_lane/setup_env.py)")
+    return root
+
+
+@pytest.fixture(scope="session")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """vLLM's TMPDIR and caches for this lane run: shared by its launches, kept out of ~."""
+    return tmp_path_factory.mktemp("vllm-scratch")
+
+
+@pytest.fixture(scope="session")
+def figures(lane_dir: Path) -> Iterator[dict[str, Any]]:
+    out: dict[str, Any] = {}
+    yield out
+    (lane_dir / "lane-figures.json").write_text(json.dumps(out, indent=1, sort_keys=True))
+
+
+@pytest.fixture
+def sweep() -> Iterator[list[str]]:
+    """Backstop: whatever a test's runs left is killed by run id (the test already verified
+    through `specconsole kill` that nothing is left; this only guards a failed test)."""
+    run_ids: list[str] = []
+    yield run_ids
+    for run_id in run_ids:
+        for pid in carriers(run_id):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def via_ssh(ssh_server, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("SPECCONSOLE_SSH_CONFIG", str(ssh_server.ssh_config))
+    return ssh_server.alias
+
+
+# -- a watched launch ---------------------------------------------------------------------------
+
+class Watched:
+    """A Supervisor on a launch, and every event it emitted with the time it arrived."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self.sup = Supervisor(profile)
+        self.events: list[tuple[float, Any]] = []
+        self._queue = self.sup.subscribe()
+        self._task: asyncio.Task[None] | None = None
+
+    async def _collect(self) -> None:
+        while True:
+            event = await self._queue.get()
+            self.events.append((time.time(), event))
+
+    async def launch(self) -> str:
+        self._task = asyncio.create_task(self._collect())
+        run = await self.sup.launch()
+        return run.run_id
+
+    async def first(self, match: Callable[[Any], bool], timeout: float) -> tuple[float, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for at, event in self.events:
+                if match(event):
+                    return at, event
+            await asyncio.sleep(0.02)
+        seen = [type(e).__name__ for _, e in self.events[-20:]]
+        raise AssertionError(f"timed out after {timeout}s; last events: {seen}")
+
+    def of(self, kind: type) -> list[Any]:
+        return [e for _, e in self.events if isinstance(e, kind)]
+
+    def lines(self) -> list[str]:
+        return [e.line.message for e in self.of(LineAdded)]
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.sup.close()
+
+
+@contextlib.asynccontextmanager
+async def watched(profile: Profile, sweep: list[str]) -> AsyncIterator[Watched]:
+    w = Watched(profile)
+    try:
+        yield w
+    finally:
+        if w.sup.run is not None:
+            sweep.append(w.sup.run.run_id)
+        await w.close()
+
+
+async def specconsole(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """The CLI as a subprocess while this loop keeps serving the in-process SSH server."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tui", *args, cwd=ROOT, env=dict(os.environ),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    return subprocess.CompletedProcess(list(args), proc.returncode or 0, out.decode(),
+                                       err.decode())
+
+
+async def kill_and_verify(w: Watched, pids: list[int]) -> None:
+    """`specconsole kill` ends every process of the run (orphans too) and frees the port."""
+    killed = await specconsole("kill", w.profile.path, "--grace", "10")
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    assert "no process of the run remains" in killed.stdout, killed.stdout
+    assert w.sup.run is not None and carriers(w.sup.run.run_id) == []
+    assert [p for p in pids if psutil.pid_exists(p)
+            and psutil.Process(p).status() != psutil.STATUS_ZOMBIE] == []
+    assert port_free(w.profile.server.port)
+
+
+def tree(w: Watched) -> dict[str, Any]:
+    """The latest process snapshot as {name: ProcInfo} for the run's live processes."""
+    snaps = w.of(ProcsSeen)
+    assert snaps, "no process snapshot"
+    return {p.name: p for p in snaps[-1].procs.procs if p.alive}
+
+
+async def until_tree(w: Watched, names: tuple[str, ...], timeout: float = 10) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        procs = tree(w) if w.of(ProcsSeen) else {}
+        if all(n in procs for n in names) or time.monotonic() > deadline:
+            return procs
+        await asyncio.sleep(0.2)
+
+
+def complete(port: int, model: str, tokens: int = 16) -> dict[str, Any]:
+    status, body = http(port, "/v1/completions", {
+        "model": model, "prompt": "Hello world, the quick brown fox", "max_tokens": tokens,
+        "temperature": 0, "ignore_eos": True})
+    assert status == 200, body
+    return json.loads(body)
+
+
+# -- a. ready ---------------------------------------------------------------------------------
+
+def keep_log(w: Watched, lane_dir: Path, name: str) -> None:
+    """The run's real log, kept beside the figures: the source of tests/fixtures/vllm-real-*."""
+    assert w.sup.run is not None
+    (lane_dir / "logs").mkdir(exist_ok=True)
+    (lane_dir / "logs" / name).write_bytes((Path(w.sup.run.run_dir) / "server.log").read_bytes())
+
+
+async def check_spec_decoding(w: Watched, requests: int = 4) -> dict[str, Any]:
+    """After a few requests, /metrics' spec-decode counters and the `SpecDecoding metrics:`
+    lines parse with tui.core.specdecode and agree with each other."""
+    port, model = w.profile.server.port, str(w.profile.server.model)
+    for _ in range(requests):
+        complete(port, model)
+    spec = w.profile.server.speculative
+    assert spec is not None and spec.num_speculative_tokens == 3
+    deadline = time.monotonic() + 40  # vLLM logs its stats every 10 s
+    while True:
+        status, text = http(port, "/metrics")
+        assert status == 200
+        totals = parse_totals(text)
+        intervals = [i for m in w.lines() if (i := parse_interval(m)) is not None]
+        logged = sum(i.drafted for i in intervals)
+        if totals is not None and totals.draft_tokens and logged == totals.draft_tokens:
+            break
+        assert time.monotonic() < deadline, f"log says {logged} drafted, /metrics {totals}"
+        await asyncio.sleep(1)
+    assert totals.drafts > 0 and totals.draft_tokens == 3 * totals.drafts
+    assert len(totals.accepted_per_position) == 3
+    assert sum(i.accepted for i in intervals) == totals.accepted_tokens
+    assert all(len(i.per_position) == 3 for i in intervals)
+    assert w.sup.machine.spec_decode == intervals[-1]
+    return {"drafts": totals.drafts, "draft tokens": totals.draft_tokens,
+            "accepted": totals.accepted_tokens}
+
+
+async def _ready_then_kill(w: Watched, figures: dict[str, Any], key: str,
+                           spec: bool = False) -> Watched:
+    run_id = await w.launch()
+    watch = DeathWatch(run_id).start()
+    try:
+        at, ready = await w.first(lambda e: isinstance(e, Ready), READY_TIMEOUT)
+        figures[f"{key}: launch to READY (s)"] = round(ready.took, 1)
+        port = w.profile.server.port
+        assert http(port, "/health")[0] == 200  # READY is what /health says, checked again
+
+        phases = [e.phase for e in w.of(PhaseChanged)]
+        assert phases == STARTUP_PHASES, [str(p) for p in phases]
+        versions = {hit.version for e in w.of(LineAdded)
+                    if (hit := detect_phase(e.line)) is not None and hit.version}
+        assert versions == {"0.32.0"}  # the banner and the engine line agree
+        weights_done = [e for e in w.of(ProgressChanged)
+                        if e.phase is Phase.WEIGHTS and e.progress == 1.0]
+        assert weights_done, "no 'weights loaded' (Loading weights took …)"
+        ready_log = next(t for t, e in w.events
+                         if isinstance(e, PhaseChanged) and e.phase is Phase.READY_LOG)
+        assert at >= ready_log  # the log line alone did not make it READY
+
+        procs = await until_tree(w, ("APIServer", "EngineCore", "Worker"))
+        api, core, worker = procs["APIServer"], procs["EngineCore"], procs["Worker"]
+        assert api.pid == w.sup.run.pid
+        assert core.ppid == api.pid and worker.ppid == core.pid
+        assert psutil.Process(core.pid).cmdline()[0].startswith("VLLM::EngineCore")
+        assert psutil.Process(worker.pid).cmdline()[0].startswith("VLLM::Worker")
+
+        answer = complete(port, str(w.profile.server.model))
+        assert answer["usage"]["completion_tokens"] == 16
+        assert isinstance(answer["choices"][0]["text"], str)
+        if spec:
+            figures[f"{key}: spec decoding after 5 requests"] = await check_spec_decoding(w)
+        assert watch.deaths.keys().isdisjoint({api.pid, core.pid, worker.pid})
+        await kill_and_verify(w, [api.pid, core.pid, worker.pid])
+    finally:
+        watch.stop()
+    return w
+
+
+async def test_ready_locally_serves_speculative_decoding_then_kill_leaves_nothing(
+        tmp_path: Path, scratch: Path, lane_dir: Path, figures: dict[str, Any],
+        sweep: list[str]) -> None:
+    profile = lane_profile(tmp_path, "vllm-ready", scratch)
+    async with watched(profile, sweep) as w:
+        await _ready_then_kill(w, figures, "ready, local", spec=True)
+        keep_log(w, lane_dir, "vllm-real-startup.log")
+
+
+async def test_ready_over_ssh_then_kill_leaves_nothing(tmp_path: Path, scratch: Path,
+                                                      via_ssh: str, figures: dict[str, Any],
+                                                      sweep: list[str]) -> None:
+    profile = lane_profile(tmp_path, "vllm-ready-ssh", scratch, target=via_ssh)
+    async with watched(profile, sweep) as w:
+        await _ready_then_kill(w, figures, "ready, ssh")
+
+
+# -- b. the story: a broken import in a patched model module ------------------------------------
+
+async def _story(w: Watched, figures: dict[str, Any], key: str, patched: Path, line: int,
+                 server_only: bool) -> tuple[Died, str]:
+    """DEAD within 1 s of the first death (of vLLM's own processes when `server_only`: a model
+    inspection that ended cleanly before is no death); the SyntaxError (file, line) is the
+    cause within that second and stays so; the timeline ends, failed, in the phase of death.
+    Returns the Died event and the first dead process's command line."""
+    run_id = await w.launch()
+    watch = DeathWatch(run_id).start()
+    try:
+        died_at, died = await w.first(lambda e: isinstance(e, Died), READY_TIMEOUT)
+        deadline = time.monotonic() + 60  # vLLM ends itself: the rest dies in a few seconds
+        while carriers(run_id) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+    finally:
+        watch.stop()
+    first = watch.first_death(server_only)
+    assert first is not None, watch.deaths
+    pid, cmdline, first_at = first
+    figures[f"{key}: launch to DEAD (s)"] = round(died.death.since_launch, 1)
+    figures[f"{key}: first death to DEAD event (ms)"] = round((died_at - first_at) * 1000)
+    assert died.death.pid == pid, (died.death, cmdline)
+    assert died_at - first_at < 1.0
+
+    expected = f"({patched}, line {line})"
+    causes = [(at, e.death.cause) for at, e in w.events if isinstance(e, (Died, CauseUpdated))]
+    for _, cause in causes:
+        assert cause is None or "Engine core initialization failed" not in cause.line
+    in_time = [c for at, c in causes if at - first_at < 1.0 and c is not None]
+    assert in_time and in_time[-1].line.startswith("SyntaxError: trailing comma not allowed")
+    assert in_time[-1].line.endswith(expected), in_time[-1].line
+    final = w.sup.machine.death
+    assert final is not None and final.cause is not None and final.cause.line == in_time[-1].line
+
+    timeline = w.sup.machine.timeline
+    assert timeline is not None and timeline.spans[-1].failed
+    assert died.death.phase is timeline.spans[-1].phase is Phase.CONFIG
+    return died, cmdline
+
+
+async def test_story_engine_imports_the_broken_module_over_ssh(
+        tmp_path: Path, scratch: Path, lane_dir: Path, via_ssh: str, figures: dict[str, Any],
+        sweep: list[str]) -> None:
+    patched, line = patched_llama(lane_dir / "venv", tmp_path / "patch")
+    profile = lane_profile(tmp_path, "vllm-story-engine", scratch, target=via_ssh,
+                           env=shadow_env(patched, "engine"))
+    async with watched(profile, sweep) as w:
+        died, _ = await _story(w, figures, "story, engine imports it (ssh)", patched, line,
+                               server_only=True)
+        assert died.death.process in ("VllmWorker-0", "Worker", "EngineCore")
+        keep_log(w, lane_dir, "vllm-real-crash.log")
+        await kill_and_verify(w, [])
+
+
+async def test_story_api_server_inspection_hits_it_first_locally(
+        tmp_path: Path, lane_dir: Path, figures: dict[str, Any], sweep: list[str]) -> None:
+    patched, line = patched_llama(lane_dir / "venv", tmp_path / "patch")
+    # a cold modelinfo cache of its own: the API server inspects the model in a subprocess
+    profile = lane_profile(tmp_path, "vllm-story-api", tmp_path / "scratch",
+                           env=shadow_env(patched, "all"))
+    async with watched(profile, sweep) as w:
+        died, cmdline = await _story(w, figures, "story, API server inspection (local)",
+                                     patched, line, server_only=False)
+        # the inspection subprocess fails first (exit 1): a death, though not a vLLM role
+        assert "vllm.model_executor.models.registry" in cmdline
+        assert died.death.code == 1
+        await kill_and_verify(w, [])
+
+
+# -- c. the engine killed while serving --------------------------------------------------------
+
+async def test_engine_killed_while_serving_is_dead_although_vllm_exits_0(
+        tmp_path: Path, scratch: Path, figures: dict[str, Any], sweep: list[str]) -> None:
+    profile = lane_profile(tmp_path, "vllm-engine-killed", scratch)
+    async with watched(profile, sweep) as w:
+        await w.launch()
+        await w.first(lambda e: isinstance(e, Ready), READY_TIMEOUT)
+        procs = await until_tree(w, ("APIServer", "EngineCore", "Worker"))
+        core, api = procs["EngineCore"], procs["APIServer"]
+        killed_at = time.time()
+        os.kill(core.pid, signal.SIGKILL)
+        died_at, died = await w.first(lambda e: isinstance(e, Died), 10)
+        figures["engine killed: SIGKILL to DEAD event (ms)"] = round((died_at - killed_at) * 1000)
+        assert died_at - killed_at < 1.0
+        assert died.death.pid == core.pid and died.death.process == "EngineCore"
+        exit_json = Path(w.sup.run.run_dir) / "exit.json"
+        deadline = time.monotonic() + 60
+        while not exit_json.exists():
+            assert time.monotonic() < deadline, "the API server did not exit"
+            await asyncio.sleep(0.2)
+        assert json.loads(exit_json.read_text())["code"] == 0  # vLLM's exit code lies
+        assert w.sup.machine.death is not None and w.sup.machine.death.pid == core.pid
+        await kill_and_verify(w, [api.pid, core.pid])
+
+
+# -- d. orphans: only the API server killed ------------------------------------------------------
+
+async def test_api_server_killed_leaves_orphans_that_kill_ends_over_ssh(
+        tmp_path: Path, scratch: Path, via_ssh: str, figures: dict[str, Any],
+        sweep: list[str]) -> None:
+    profile = lane_profile(tmp_path, "vllm-orphans", scratch, target=via_ssh)
+    async with watched(profile, sweep) as w:
+        await w.launch()
+        await w.first(lambda e: isinstance(e, Ready), READY_TIMEOUT)
+        procs = await until_tree(w, ("APIServer", "EngineCore", "Worker"))
+        api, core, worker = procs["APIServer"], procs["EngineCore"], procs["Worker"]
+        killed_at = time.time()
+        os.kill(api.pid, signal.SIGKILL)
+        died_at, died = await w.first(lambda e: isinstance(e, Died), 10)
+        figures["API server killed: SIGKILL to DEAD event (ms)"] = round(
+            (died_at - killed_at) * 1000)
+        assert died_at - killed_at < 1.0
+        assert died.death.pid == api.pid and died.death.process == "APIServer"
+        await asyncio.sleep(3)
+        orphans = [p.pid for p in (core, worker) if psutil.pid_exists(p.pid)
+                   and psutil.Process(p.pid).status() != psutil.STATUS_ZOMBIE]
+        assert orphans == [core.pid, worker.pid], "vLLM no longer leaves orphans?"
+        await kill_and_verify(w, [api.pid, core.pid, worker.pid])

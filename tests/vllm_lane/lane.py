@@ -1,0 +1,159 @@
+"""Helpers of the real-vLLM lane: the shipped profile made per-test, an independent death
+watch, and small HTTP calls. Imported by tests/test_vllm_lane.py only."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import select
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from helpers import carriers, free_port
+
+from tui.core.profile import Profile, load_profile
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILE = ROOT / "profiles" / "vllm-cpu-eagle3.toml"
+SHADOW_DIR = Path(__file__).resolve().parent / "shadow"
+LLAMA = "vllm.model_executor.models.llama"
+_ONE_LINE_IMPORT = re.compile(r"from [\w.]+ import [\w, ]+\n")
+
+
+def lane_profile(tmp: Path, name: str, scratch: Path, *, target: str = "local",
+                 env: dict[str, str] | None = None) -> Profile:
+    """The shipped profile, unchanged but for a free port, a private runs dir, the target host,
+    and extra server environment; paths expand from this environment plus `scratch`."""
+    text = PROFILE.read_text()
+    text = re.sub(r"(?m)^port = \d+$", f"port = {free_port()}", text, count=1)
+    text = text.replace('[host]\ntarget = "local"\n',
+                        f'[host]\ntarget = "{target}"\nruns_dir = "{tmp / "runs"}"\n', 1)
+    if env:
+        extra = "".join(f'{k} = {json.dumps(v)}\n' for k, v in env.items())
+        text = text.replace("[server.env]\n", "[server.env]\n" + extra, 1)
+    path = tmp / f"{name}.toml"
+    path.write_text(text)
+    for sub in ("tmp", "cache", "inductor"):
+        (scratch / sub).mkdir(parents=True, exist_ok=True)
+    return load_profile(path, {**os.environ, "SPECCONSOLE_VLLM_SCRATCH": str(scratch)})
+
+
+def patched_llama(venv: Path, out: Path) -> tuple[Path, int]:
+    """A copy of the installed llama.py whose first one-line `from … import a, b` gets a
+    trailing comma: a broken import, a SyntaxError at a known line. The install is untouched."""
+    source = next((venv / "lib").glob("python3*/site-packages/vllm/model_executor/models/llama.py"))
+    lines = source.read_text().splitlines(keepends=True)
+    at = next(i for i, ln in enumerate(lines) if _ONE_LINE_IMPORT.match(ln))
+    lines[at] = lines[at].rstrip("\n") + ",\n"
+    out.mkdir(parents=True, exist_ok=True)
+    patched = out / "llama.py"
+    patched.write_text("".join(lines))
+    return patched, at + 1
+
+
+def shadow_env(patched: Path, scope: str) -> dict[str, str]:
+    """Server environment that makes `scope` ("engine" or "all") import the patched copy."""
+    return {"PYTHONPATH": str(SHADOW_DIR), "SPECCONSOLE_SHADOW_MODULE": LLAMA,
+            "SPECCONSOLE_SHADOW_FILE": str(patched), "SPECCONSOLE_SHADOW_SCOPE": scope}
+
+
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    return ""
+
+
+def is_server_process(cmdline: str) -> bool:
+    """vLLM's own processes: `vllm serve`, and what multiprocessing spawned (EngineCore and
+    Worker, titled `VLLM::…` once they have set it); not the resource tracker nor the model
+    inspection subprocess, which are helpers."""
+    return (cmdline.startswith("VLLM::") or " serve " in cmdline
+            or "multiprocessing.spawn" in cmdline)
+
+
+@dataclass
+class DeathWatch:
+    """Independent of specconsole: finds the run's processes by SPECCONSOLE_RUN_ID and notes
+    the moment each one dies with its own pidfds."""
+
+    run_id: str
+    deaths: dict[int, float] = field(default_factory=dict)
+    names: dict[int, str] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> DeathWatch:
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def first_death(self, server_only: bool) -> tuple[int, str, float] | None:
+        """(pid, cmdline, time) of the first death, of vLLM's own processes only or of any."""
+        dead = [(t, pid) for pid, t in self.deaths.items()
+                if not server_only or is_server_process(self.names.get(pid, ""))]
+        if not dead:
+            return None
+        t, pid = min(dead)
+        return pid, self.names.get(pid, ""), t
+
+    def _loop(self) -> None:
+        poller = select.poll()
+        fds: dict[int, int] = {}
+        try:
+            while not self._stop.is_set():
+                for pid in carriers(self.run_id):
+                    if pid not in fds and pid not in self.deaths:
+                        with contextlib.suppress(OSError):
+                            fds[pid] = os.pidfd_open(pid)
+                            poller.register(fds[pid], select.POLLIN)
+                    if pid in fds:  # titles change (spawn_main -> VLLM::EngineCore)
+                        self.names[pid] = _cmdline(pid) or self.names.get(pid, "")
+                for fd, _ in poller.poll(50):
+                    now = time.time()
+                    pid = next(p for p, f in fds.items() if f == fd)
+                    self.deaths[pid] = now
+                    poller.unregister(fd)
+                    os.close(fds.pop(pid))
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+
+def http(port: int, path: str, body: dict | None = None, timeout: float = 60) -> tuple[int, str]:
+    """GET (or POST JSON) on the server; (status, text), status 0 when nothing answers."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
+                                 headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except OSError:
+        return 0, ""
+
+
+def port_free(port: int) -> bool:
+    """Nothing listens, and a new server could bind it."""
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", port)) == 0:
+            return False
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
