@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+import os
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from helpers import carriers
 from sshserver import SSHTestServer
 
 
@@ -20,3 +23,14 @@ async def ssh_server(tmp_path: Path) -> AsyncIterator[SSHTestServer]:
     await server.start()
     yield server
     await server.stop()
+
+
+@pytest.fixture
+def cleanup() -> Iterator[list[str]]:
+    """Kill whatever a test's runs (append their run ids) left, whatever happened."""
+    run_ids: list[str] = []
+    yield run_ids
+    for run_id in run_ids:
+        for pid in carriers(run_id):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)

@@ -7,7 +7,6 @@ receives. The simulated worker writes the moment of its death, so latency is mea
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import subprocess
@@ -50,17 +49,6 @@ def _run_id(stdout: str) -> str:
 def _first_death(gpu_dir: Path) -> dict[str, float]:
     deaths = [json.loads(line) for line in (gpu_dir / "deaths.jsonl").read_text().splitlines()]
     return min(deaths, key=lambda d: d["time"])
-
-
-@pytest.fixture
-def cleanup():
-    """Kill whatever a test's runs left, whatever happened."""
-    run_ids: list[str] = []
-    yield run_ids
-    for run_id in run_ids:
-        for pid in carriers(run_id):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, 9)
 
 
 def test_help_lists_every_subcommand_in_one_line_each() -> None:

@@ -33,12 +33,12 @@ def title_sequence(text: str) -> str:
     return f"\x1b]2;{strip_escapes(text)}\x07"
 
 
-async def run_quietly(argv: list[str]) -> None:
+async def run_quietly(argv: list[str], env: Mapping[str, str]) -> None:
     """Run a short local command, never raising and never waiting more than 2 s."""
     with contextlib.suppress(OSError, asyncio.TimeoutError):
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL)
+            *argv, env=dict(env), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
         try:
             await asyncio.wait_for(proc.wait(), 2.0)
         except asyncio.TimeoutError:
@@ -50,7 +50,7 @@ async def announce(text: str, env: Mapping[str, str]) -> None:
     """Name the tmux window (or title the terminal) after the run's state."""
     argv = window_name_command(text, env)
     if argv is not None:
-        await run_quietly(argv)
+        await run_quietly(argv, env)
     else:
         stream = sys.__stderr__
         if stream is not None and stream.isatty():

@@ -326,7 +326,7 @@ class ConsoleApp(App[str]):
         await self.sup.close()
         restore = restore_command(self.env)
         if restore is not None:
-            await run_quietly(restore)
+            await run_quietly(restore, self.env)
         self.exit(message)
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:

@@ -54,6 +54,7 @@ class LogView(ScrollView, can_focus=True):
         self.current_match: int | None = None
         self._width = 0
         self._asked_before: int | None = None
+        self._hold: int | None = None  # a line index the view was jumped to
 
     # -- content ---------------------------------------------------------------------------
 
@@ -66,6 +67,8 @@ class LogView(ScrollView, can_focus=True):
         self._resize()
         if self.following:
             self.scroll_end(animate=False, immediate=True)
+        elif self._hold is not None:
+            self._center(max(0, self._hold - dropped))
         elif dropped:
             self.scroll_to(y=max(0, self.scroll_y - dropped), animate=False, immediate=True)
         self.refresh()
@@ -88,7 +91,7 @@ class LogView(ScrollView, can_focus=True):
     def reset(self) -> None:
         self.window.clear()
         self.cause_offset = self.pattern = self.current_match = None
-        self.following, self._width, self._asked_before = True, 0, None
+        self.following, self._width, self._asked_before, self._hold = True, 0, None, None
         self._resize()
         self.refresh()
 
@@ -112,7 +115,7 @@ class LogView(ScrollView, can_focus=True):
     # -- moving ----------------------------------------------------------------------------
 
     def follow(self, on: bool) -> None:
-        self.following = on
+        self.following, self._hold = on, None
         if on:
             if self.window.detached:
                 self.post_message(NeedTail())
@@ -124,9 +127,20 @@ class LogView(ScrollView, can_focus=True):
         if index is None:
             return False
         self.following = False
-        self.scroll_to(y=max(0, index - self.size.height // 2), animate=False, immediate=True)
-        self.refresh()
+        self._center(index)
         return True
+
+    def _center(self, index: int) -> None:
+        """Scroll so `index` is mid-screen, once the layout knows the new virtual size (lines
+        that arrived in the same batch would otherwise clamp the scroll short of them), and
+        keep it there when the pane is resized (the banner appearing shrinks it)."""
+        self._hold = index
+
+        def scroll() -> None:
+            self.scroll_to(y=max(0, index - self.size.height // 2), animate=False,
+                           immediate=True)
+            self.refresh()
+        self.call_after_refresh(scroll)
 
     def search(self, pattern: re.Pattern[str] | None) -> int:
         self.pattern, self.current_match = pattern, None
@@ -148,9 +162,12 @@ class LogView(ScrollView, can_focus=True):
             hits[0] if direction > 0 else hits[-1])
         self.current_match = target
         self.following = False
-        self.scroll_to(y=max(0, target - self.size.height // 2), animate=False, immediate=True)
-        self.refresh()
+        self._center(target)
         return len(hits)
+
+    def on_resize(self) -> None:
+        if self._hold is not None and not self.following:
+            self._center(self._hold)
 
     def _maybe_older(self) -> None:
         start = self.window.start
@@ -159,17 +176,17 @@ class LogView(ScrollView, can_focus=True):
             self.post_message(NeedOlder(start))
 
     def action_scroll_up(self) -> None:
-        self.following = False
+        self.following, self._hold = False, None
         super().action_scroll_up()
         self._maybe_older()
 
     def action_page_up(self) -> None:
-        self.following = False
+        self.following, self._hold = False, None
         super().action_page_up()
         self._maybe_older()
 
     def action_scroll_home(self) -> None:
-        self.following = False
+        self.following, self._hold = False, None
         super().action_scroll_home()
         self._maybe_older()
 
@@ -228,7 +245,7 @@ class LogPane(Vertical):
 
     def __init__(self, window: LogWindow | None = None, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
-        self.window = window or LogWindow()
+        self.window = window if window is not None else LogWindow()
         self.search_text = ""
         self.match_count = 0
 

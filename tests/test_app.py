@@ -1,0 +1,309 @@
+"""The console, driven by Pilot on real simulated runs: what the user sees, and the state.
+
+Each test launches the simulated engine (real processes, real signals) under the real
+supervisor, locally or through the in-process SSH server, and reads the screen's widgets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from helpers import carriers, sim_profile
+from sshserver import SSHTestServer
+from textual.pilot import Pilot
+
+from tui.app import ConsoleApp
+from tui.core.profile import HostConfig, load_profile
+from tui.core.state import State
+from tui.remote.session import Session, open_session
+from tui.screens.confirm import ConfirmScreen
+from tui.screens.help import HelpScreen
+from tui.supervisor import Supervisor
+from tui.widgets.banner import Banner
+from tui.widgets.logs import CAUSE_MARK, LogPane, LogView
+from tui.widgets.procs import ProcPane
+from tui.widgets.timeline import TimelinePane
+
+
+async def until(pilot: Pilot[str], check: Callable[[], object], timeout: float = 30,
+                what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
+        await pilot.pause(0.02)
+
+
+def banner_text(app: ConsoleApp) -> str:
+    return str(app.query_one(Banner).render())
+
+
+def status_text(app: ConsoleApp) -> str:
+    return str(app.query_one("#status").render())
+
+
+def fake_tmux(tmp: Path) -> tuple[dict[str, str], Path]:
+    """An environment inside 'tmux' whose tmux records its arguments (one JSON list a line)."""
+    record = tmp / "tmux-calls.jsonl"
+    tmux = tmp / "bin" / "tmux"
+    tmux.parent.mkdir()
+    tmux.write_text(f"#!/bin/sh\nprintf '%s\\0' \"$@\" >> {record}\nprintf '\\n' >> {record}\n")
+    tmux.chmod(tmux.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "TMUX": "/tmp/tmux-0/default,1,0", "TMUX_PANE": "%3",
+           "PATH": f"{tmux.parent}:{os.environ['PATH']}"}
+    return env, record
+
+
+def tmux_calls(record: Path) -> list[list[str]]:
+    if not record.exists():
+        return []
+    return [line.strip("\0").split("\0") for line in record.read_text().splitlines() if line]
+
+
+def first_death(gpu_dir: Path) -> dict[str, float]:
+    deaths = [json.loads(line) for line in (gpu_dir / "deaths.jsonl").read_text().splitlines()]
+    return min(deaths, key=lambda d: d["time"])
+
+
+async def test_syntax_error_banner_within_2s_of_the_worker_death(
+        tmp_path: Path, cleanup: list[str]) -> None:
+    sup = Supervisor(load_profile(sim_profile(tmp_path, "syntax-error", time_scale=75)))
+    await _story(tmp_path, sup, cleanup)
+
+
+async def test_syntax_error_banner_over_ssh(tmp_path: Path, ssh_server: SSHTestServer,
+                                            cleanup: list[str]) -> None:
+    async def opener(host: HostConfig) -> Session:
+        return await open_session(host, ssh_config=ssh_server.ssh_config)
+
+    profile = sim_profile(tmp_path, "syntax-error", target=ssh_server.alias, time_scale=75)
+    await _story(tmp_path, Supervisor(load_profile(profile), opener=opener), cleanup)
+
+
+async def _story(tmp_path: Path, sup: Supervisor, cleanup: list[str]) -> None:
+    """The engineer's night: a worker dies of a SyntaxError; the console says so at once."""
+    env, record = fake_tmux(tmp_path)
+    app = ConsoleApp(sup, env=env, kill_grace=1.0)
+    bells: list[float] = []
+    app.bell = lambda: bells.append(time.time())  # type: ignore[method-assign]
+    async with app.run_test(size=(200, 50)) as pilot:
+        await until(pilot, lambda: sup.run is not None, what="launch")
+        cleanup.append(sup.run.run_id)
+        await until(pilot, lambda: "SyntaxError" in banner_text(app)
+                    and "exit code 1" in banner_text(app), what="the DEAD banner, complete")
+        shown = time.time()
+        died = first_death(tmp_path / "gpus")
+        assert shown - died["time"] < 2.0
+        banner = app.query_one(Banner)
+        assert banner.kind == "dead" and banner.has_class("-dead")
+        text = banner_text(app)
+        assert "DEAD: Worker_TP" in text and "exit code 1" in text
+        assert "kimi_k25_patched.py, line 15" in text
+        assert "Engine core initialization failed" not in text
+        assert bells, "the terminal bell rang"
+        await until(pilot, lambda: any("DEAD" in " ".join(c) for c in tmux_calls(record)),
+                    what="the tmux window renamed")
+        assert tmux_calls(record)[0][:3] == ["rename-window", "-t", "%3"]
+        # the timeline marks the phase it died in; the status line says it in words
+        timeline = str(app.query_one(TimelinePane).render())
+        assert "✗" in timeline
+        assert status_text(app).startswith("DEAD in ")
+        # the root-cause line is marked in the log and the view jumped to it
+        view = app.query_one(LogView)
+        assert view.cause_offset is not None and not view.following
+        await until(pilot, lambda: any(CAUSE_MARK in _drawn(view, y)
+                                       for y in range(view.size.height)), 2,
+                    "the root-cause line on screen")
+        # the dead workers stay in the process pane, marked with their exit code
+        await until(pilot, lambda: "DEAD exit 1" in _table_text(app), what="dead rows")
+        await pilot.press("q")
+        await until(pilot, lambda: app.return_value is not None, what="quit")
+    assert "nothing of this profile is running" in app.return_value
+
+
+def _drawn(view: LogView, y: int) -> str:
+    return "".join(segment.text for segment in view.render_line(y))
+
+
+def _table_text(app: ConsoleApp) -> str:
+    table = app.query_one(ProcPane)
+    return "\n".join(" ".join(str(c) for c in table.get_row_at(i))
+                     for i in range(table.row_count))
+
+
+async def test_kill_confirms_escalates_and_leaves_no_process(tmp_path: Path,
+                                                             cleanup: list[str]) -> None:
+    sup = Supervisor(load_profile(sim_profile(tmp_path, "ready", time_scale=300)))
+    app = ConsoleApp(sup, kill_grace=1.0)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await until(pilot, lambda: sup.machine.state is State.READY, what="READY")
+        run_id = sup.run.run_id
+        cleanup.append(run_id)
+        assert carriers(run_id)
+        assert "READY" in banner_text(app) and app.query_one(Banner).has_class("-ready")
+        await pilot.press("k")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")  # no: nothing happens
+        assert not isinstance(app.screen, ConfirmScreen) and carriers(run_id)
+        await pilot.press("k", "y")
+        await until(pilot, lambda: sup.machine.state is State.STOPPED, what="STOPPED")
+        await until(pilot, lambda: "STOPPED" in banner_text(app), what="the kill report")
+        text = banner_text(app)
+        assert "no process of the run remains" in text and "GPU memory released" in text
+        assert "term" in text.lower()
+        assert carriers(run_id) == []
+        await pilot.press("q")
+    assert app.return_value == "nothing of this profile is running"
+
+
+async def test_restart_is_a_new_run_with_a_fresh_timeline(tmp_path: Path,
+                                                          cleanup: list[str]) -> None:
+    sup = Supervisor(load_profile(sim_profile(tmp_path, "ready", time_scale=120)))
+    app = ConsoleApp(sup, kill_grace=1.0)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await until(pilot, lambda: sup.machine.state is State.LOADING, what="LOADING")
+        first = sup.run
+        cleanup.append(first.run_id)
+        await until(pilot, lambda: len(app.window) > 20, what="log lines")
+        await pilot.press("r")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await until(pilot, lambda: sup.run.run_id != first.run_id and sup.machine.state.live,
+                    what="the new run")
+        cleanup.append(sup.run.run_id)
+        assert carriers(first.run_id) == []
+        await pilot.pause(0.3)
+        view = app.query_one(TimelinePane).view
+        assert view is not None and view.launched_at is not None
+        assert view.launched_at > first.launched_at
+        assert all(span.start >= view.launched_at for span in view.spans)
+        assert run_id_in_title(app) == sup.run.run_id
+        # the log pane holds the new run's lines only: it starts again at byte 0
+        await until(pilot, lambda: len(app.window) > 0, what="new lines")
+        offsets = [e.line.offset for e in app.window.view(raw=True)]
+        assert offsets[0] == 0 and offsets == sorted(set(offsets))
+        await sup.kill(1.0)
+
+
+def run_id_in_title(app: ConsoleApp) -> str:
+    m = re.search(r"run (\S+)", str(app.query_one("#title").render()))
+    return m.group(1) if m else ""
+
+
+async def test_quit_leaves_the_server_running_and_says_so(tmp_path: Path,
+                                                          cleanup: list[str]) -> None:
+    profile = load_profile(sim_profile(tmp_path, "ready", time_scale=60))
+    sup = Supervisor(profile)
+    app = ConsoleApp(sup, profile_arg="myprofile")
+    async with app.run_test(size=(200, 50)) as pilot:
+        await until(pilot, lambda: sup.machine.state is State.LOADING, what="LOADING")
+        run_id = sup.run.run_id
+        cleanup.append(run_id)
+        await pilot.press("q")
+        await until(pilot, lambda: "keeps running" in banner_text(app), 5, "the farewell")
+    assert "the server keeps running" in app.return_value
+    assert run_id in app.return_value and "specconsole myprofile" in app.return_value
+    assert carriers(run_id), "the server is still alive after the console quit"
+    again = Supervisor(profile)
+    try:
+        await again.select()
+        killed = await again.kill(1.0)
+        assert not killed.remaining
+    finally:
+        await again.close()
+
+
+async def test_attach_to_a_live_run_shows_the_full_log(tmp_path: Path,
+                                                       cleanup: list[str]) -> None:
+    profile = load_profile(sim_profile(tmp_path, "ready", time_scale=60))
+    first = Supervisor(profile)
+    await first.launch(skip_preflight=True)
+    cleanup.append(first.run.run_id)
+    log = Path(first.run.run_dir) / "server.log"
+    await first.close()
+    deadline = time.monotonic() + 20
+    while log.read_bytes().count(b"\n") < 60 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sup = Supervisor(profile)
+    app = ConsoleApp(sup, launch=False)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await until(pilot, lambda: sup.run is not None, what="attach")
+        assert sup.run.attached and sup.run.run_id == first.run.run_id
+        await until(pilot, lambda: len(app.window) >= 60, what="the log replayed")
+        await pilot.pause(0.2)
+        held = [e.line.offset for e in app.window.view(raw=True)]
+        data = log.read_bytes()
+        starts = [0, *[i + 1 for i, b in enumerate(data) if b == 10][:-1]]
+        assert held[0] == 0
+        assert held == starts[:len(held)], "every line from the first, once, in order"
+        assert sup.machine.state in (State.LOADING, State.READY)
+        assert "attached" not in banner_text(app)  # no false alarm on attach
+        await sup.kill(1.0)
+
+
+async def test_log_keys_search_raw_follow(tmp_path: Path, cleanup: list[str]) -> None:
+    sup = Supervisor(load_profile(sim_profile(tmp_path, "syntax-error", time_scale=75)))
+    app = ConsoleApp(sup, kill_grace=1.0)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await until(pilot, lambda: sup.machine.state is State.DEAD, what="DEAD")
+        cleanup.append(sup.run.run_id)
+        await pilot.pause(0.6)
+        pane, view = app.query_one(LogPane), app.query_one(LogView)
+        filtered = len(view.window.view(False))
+        assert filtered < len(view.window.view(True)), "the noise rules hid something"
+        header = str(app.query_one("#log-header").render())
+        assert header.startswith("filtered") and "hid " in header
+        await pilot.press("f")
+        assert view.raw and str(app.query_one("#log-header").render()).startswith("raw")
+        await pilot.press("f")
+        assert not view.raw
+        await pilot.press("slash")
+        await pilot.press(*"SyntaxError")
+        await pilot.press("enter")
+        assert pane.match_count >= 1 and view.current_match is not None
+        first = view.current_match
+        line = view.window.view(False)[first].line.plain
+        assert "SyntaxError" in line
+        await pilot.press("n")
+        assert view.current_match is not None
+        await pilot.press("N")
+        assert view.current_match == first
+        await pilot.press("slash", *"([bad", "enter")  # not a regex: said, search kept
+        assert pane.search_text == "SyntaxError"
+        await pilot.press("escape")
+        view.focus()
+        await pilot.press("space")
+        assert view.following
+        await pilot.press("space")
+        assert not view.following
+        await pilot.press("q")
+
+
+async def test_small_terminal_collapses_panes_to_tabs(tmp_path: Path,
+                                                      cleanup: list[str]) -> None:
+    sup = Supervisor(load_profile(sim_profile(tmp_path, "ready", time_scale=60)))
+    app = ConsoleApp(sup, kill_grace=1.0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: sup.run is not None, what="launch")
+        cleanup.append(sup.run.run_id)
+        shown = [p.id for p in app.query(".pane") if p.display]
+        assert shown == ["pane-logs"] and app.query_one("#tabs").display
+        await pilot.press("tab")
+        assert [p.id for p in app.query(".pane") if p.display] == ["pane-gpus"]
+        await pilot.press("tab", "tab")
+        assert [p.id for p in app.query(".pane") if p.display] == ["pane-timeline"]
+        await pilot.press("shift+tab")
+        assert [p.id for p in app.query(".pane") if p.display] == ["pane-procs"]
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        await pilot.resize_terminal(200, 50)
+        await pilot.pause(0.1)
+        assert len([p for p in app.query(".pane") if p.display]) == 4
+        await sup.kill(1.0)
