@@ -14,12 +14,12 @@ def gib(n: int | None) -> str:
 
 
 def size(n: int | None) -> str:
-    """Bytes as MiB or GiB, or an em dash when unknown."""
+    """Bytes as M or G (binary), or an em dash when unknown: narrow table cells."""
     if n is None:
         return "—"
     if n >= 2**30:
-        return f"{n / 2**30:.1f} GiB"
-    return f"{n / 2**20:.0f} MiB"
+        return f"{n / 2**30:.1f}G"
+    return f"{n / 2**20:.0f}M"
 
 
 def age(started: float | None, now: float) -> str:

@@ -35,8 +35,8 @@ class GpuPane(Widget, can_focus=True):
         width = self.size.width
         names = [r.info.name.removeprefix("NVIDIA ") for r in self.rows]
         name_w = min(10, max(map(len, names)))
-        # index, name, bar, numbers, util, sparkline, holder: the bar and sparkline share the rest
-        fixed = 2 + name_w + 1 + 14 + 5 + 11 + 5
+        # index, name, numbers, util, holder, mark: the bar and the sparkline share the rest
+        fixed = 2 + name_w + 1 + 15 + 4 + 1 + 12 + 7
         spare = max(8, width - fixed)
         bar_w = max(6, spare * 3 // 5)
         spark_w = max(0, spare - bar_w - 1)
@@ -49,7 +49,7 @@ class GpuPane(Widget, can_focus=True):
             out.append(f"{gpu.index} ", style="bold")
             out.append(f"{names[i][:name_w]:<{name_w}} ")
             out.append_text(bar(frac, bar_w, style))
-            out.append(f" {gib(used):>5}/{gib(total):>5}G ")
+            out.append(f"  {gib(used):>5}/{gib(total):>5}G ")
             out.append(f"{gpu.util:>3}%" if gpu.util is not None else "  —%", style="cyan")
             if spark_w:
                 out.append(" " + sparkline(row.history, total or 0, spark_w), style="blue")

@@ -66,7 +66,7 @@ class LogView(ScrollView, can_focus=True):
             self._width = max(self._width, min(MAX_DRAWN, len(entry.line.plain)) + 4)
         self._resize()
         if self.following:
-            self.scroll_end(animate=False, immediate=True)
+            self.scroll_end(animate=False)  # after the refresh that knows the new size
         elif self._hold is not None:
             self._center(max(0, self._hold - dropped))
         elif dropped:
@@ -166,7 +166,9 @@ class LogView(ScrollView, can_focus=True):
         return len(hits)
 
     def on_resize(self) -> None:
-        if self._hold is not None and not self.following:
+        if self.following:
+            self.scroll_end(animate=False)
+        elif self._hold is not None:
             self._center(self._hold)
 
     def _maybe_older(self) -> None:

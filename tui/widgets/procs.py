@@ -10,7 +10,8 @@ from tui.core.proctree import ProcRow
 from tui.messages import ProcsChanged
 from tui.widgets.format import age, size
 
-COLUMNS = ("pid", "process", "state", "CPU %", "RSS", "GPU mem", "age")
+COLUMNS = (("pid", 7), ("process", 19), ("state", 14), ("CPU %", 5), ("RSS", 6),
+           ("GPU", 6), ("age", 6))
 
 
 class ProcPane(DataTable[Text | str]):
@@ -19,8 +20,8 @@ class ProcPane(DataTable[Text | str]):
     def on_mount(self) -> None:
         self.cursor_type = "row"
         self.zebra_stripes = False
-        for col in COLUMNS:
-            self.add_column(col, key=col)
+        for label, width in COLUMNS:
+            self.add_column(label, key=label, width=width)
 
     def on_procs_changed(self, message: ProcsChanged) -> None:
         self.show(message.rows, message.now)
