@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from helpers import carriers, sim_profile
 from sshserver import SSHTestServer
 from textual.pilot import Pilot
@@ -306,4 +307,64 @@ async def test_small_terminal_collapses_panes_to_tabs(tmp_path: Path,
         await pilot.resize_terminal(200, 50)
         await pilot.pause(0.1)
         assert len([p for p in app.query(".pane") if p.display]) == 4
+        await sup.kill(1.0)
+
+
+@pytest.mark.parametrize(("scenario", "kind", "words"), [
+    ("oom", "dead", ["OutOfMemoryError", "CUDA out of memory"]),
+    ("engine-killed", "dead", ["EngineCore_DP0", "while serving"]),
+    ("hang", "stalled", ["STALLED", "no log line for"]),
+])
+async def test_each_demo_scenario_ends_on_its_banner(tmp_path: Path, cleanup: list[str],
+                                                     scenario: str, kind: str,
+                                                     words: list[str]) -> None:
+    profile = sim_profile(tmp_path, scenario, time_scale=300, stall="2s")
+    sup = Supervisor(load_profile(profile))
+    app = ConsoleApp(sup, kill_grace=1.0)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await until(pilot, lambda: sup.run is not None, what="launch")
+        cleanup.append(sup.run.run_id)
+        await until(pilot, lambda: app.query_one(Banner).kind == kind
+                    and all(w in banner_text(app) for w in words), 60, f"the {kind} banner")
+        assert app.query_one(Banner).has_class(f"-{kind}")
+        await sup.kill(1.0)
+
+
+async def test_demo_quit_stops_the_simulated_server(tmp_path: Path, cleanup: list[str]) -> None:
+    sup = Supervisor(load_profile(sim_profile(tmp_path, "ready", time_scale=60)))
+    app = ConsoleApp(sup, demo=True, kill_grace=1.0)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await until(pilot, lambda: sup.machine.state is State.LOADING, what="LOADING")
+        run_id = sup.run.run_id
+        cleanup.append(run_id)
+        assert "simulated engine" in str(app.query_one("#title").render())
+        await pilot.press("q")
+        await until(pilot, lambda: app.return_value is not None, 20, "quit")
+    assert app.demo_stopped and "nothing is left running" in app.return_value
+    assert carriers(run_id) == []
+
+
+async def test_scrolling_past_the_capped_buffer_fetches_older_lines(
+        tmp_path: Path, cleanup: list[str]) -> None:
+    sup = Supervisor(load_profile(sim_profile(tmp_path, "ready", time_scale=300)))
+    app = ConsoleApp(sup, kill_grace=1.0, log_cap=40)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await until(pilot, lambda: sup.machine.state is State.READY, what="READY")
+        cleanup.append(sup.run.run_id)
+        view = app.query_one(LogView)
+        await until(pilot, lambda: view.window.start > 0, what="lines beyond the cap")
+        assert len(view.window) == 40  # bounded, however long the log
+        first_held = view.window.start
+        view.focus()
+        await pilot.press("home")
+        await until(pilot, lambda: view.window.start < first_held, 10, "an older page")
+        assert len(view.window) == 40 and view.window.detached
+        held = [e.line for e in view.window.view(raw=True)]
+        data = (Path(sup.run.run_dir) / "server.log").read_bytes()
+        for line in held:  # each fetched line is the file's text at its byte offset
+            assert data[line.offset:].split(b"\n", 1)[0].decode() == line.raw
+        assert "scrolled back" in str(app.query_one("#log-header").render())
+        await pilot.press("space")  # follow again: re-anchored at the live end
+        await until(pilot, lambda: not view.window.detached, 10, "re-anchored")
+        assert view.window.view(True)[-1].end >= first_held
         await sup.kill(1.0)

@@ -28,6 +28,7 @@ class HelpScreen(ModalScreen[None]):
                       "from the host past its top)")
         table.add_row("End", "Back to the end of the log, following")
         table.add_row("ctrl+p", "Command palette: every action by name")
+        self.table = table
         with Vertical(id="help-box"):
             yield Static("specconsole keys", id="help-title")
             yield Static(table)

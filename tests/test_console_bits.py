@@ -1,0 +1,106 @@
+"""Keys as data, the palette, alerts outside the window, the default command and the picker."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from tui import cli
+from tui.alerts import restore_command, title_sequence, window_name_command
+from tui.app import ConsoleApp
+from tui.core.profile import load_profile
+from tui.keys import KEYS, bindings
+from tui.screens.help import HelpScreen
+from tui.screens.picker import PickerApp
+from tui.supervisor import Supervisor
+
+PROFILES = Path(__file__).parent.parent / "profiles"
+REQUIRED = {"r": "restart", "k": "kill", "f": "toggle_raw", "slash": "search",
+            "n": "next_match", "N": "prev_match", "space": "toggle_follow",
+            "tab": "next_pane", "question_mark": "help", "q": "quit_console"}
+
+
+def test_every_required_key_is_declared_once_with_an_id_and_help() -> None:
+    declared = {k.key: k.action for k in KEYS}
+    assert declared.items() >= REQUIRED.items()
+    ids = [k.id for k in KEYS]
+    assert len(ids) == len(set(ids)) and all(k.help for k in KEYS)
+    assert [b.id for b in bindings()] == ids
+    app = ConsoleApp(Supervisor(load_profile(PROFILES / "demo.toml")))
+    for key in KEYS:  # each action exists on the app
+        assert callable(getattr(app, f"action_{key.action}"))
+
+
+async def test_help_and_palette_list_every_key() -> None:
+    app = ConsoleApp(Supervisor(load_profile(PROFILES / "demo.toml")), launch=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        titles = {c.title for c in app.get_system_commands(app.screen)}
+        assert {k.description for k in KEYS} <= titles
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        console = Console(record=True, width=200, file=io.StringIO())
+        console.print(app.screen.table)
+        text = console.export_text()
+        for key in KEYS:
+            assert key.help in text
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+        await app.sup.close()
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({}, None),
+    ({"TMUX": "/tmp/tmux-0/default,1,0"}, ["tmux", "rename-window", "✗ DEAD p"]),
+    ({"TMUX": "x", "TMUX_PANE": "%7"}, ["tmux", "rename-window", "-t", "%7", "✗ DEAD p"]),
+])
+def test_tmux_window_is_named_only_inside_tmux(env: dict[str, str],
+                                               expected: list[str] | None) -> None:
+    assert window_name_command("✗ DEAD p", env) == expected
+    assert (restore_command(env) is None) == (expected is None)
+
+
+def test_terminal_title_carries_no_remote_escape() -> None:
+    seq = title_sequence("DEAD \x1b]52;c;ZXZpbA==\x07 \x1b[2J worker")
+    assert seq.startswith("\x1b]2;") and seq.endswith("\x07")
+    assert "\x1b" not in seq[4:-1] and "\x07" not in seq[4:-1] and "DEAD" in seq
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    ([], ["console"]),
+    (["kimi-k25-eagle3"], ["console", "kimi-k25-eagle3"]),
+    (["profiles/demo.toml", "--no-launch"], ["console", "profiles/demo.toml", "--no-launch"]),
+    (["demo", "--scenario", "oom"], ["demo", "--scenario", "oom"]),
+    (["wait", "x"], ["wait", "x"]),
+    (["--help"], ["--help"]),
+])
+def test_a_profile_alone_opens_the_console(argv: list[str], expected: list[str]) -> None:
+    assert cli._with_default_command(argv, set(cli.COMMANDS)) == expected
+
+
+def test_commands_list_matches_the_parser() -> None:
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert set(sub.choices) == set(cli.COMMANDS)
+
+
+async def test_picker_lists_profiles_and_returns_the_chosen_one(tmp_path: Path) -> None:
+    profiles = [tmp_path / "a.toml", tmp_path / "b.toml"]
+    app = PickerApp(profiles)
+    async with app.run_test() as pilot:
+        await pilot.press("down", "enter")
+    assert app.return_value == profiles[1]
+    empty = PickerApp([])
+    async with empty.run_test() as pilot:
+        assert "No profiles" in str(empty.query_one("#picker-empty").render())
+        await pilot.press("q")
+    assert empty.return_value is None
+
+
+def test_list_profiles_finds_the_shipped_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(PROFILES.parent)
+    stems = [p.stem for p in cli.list_profiles()]
+    assert {"demo", "demo-crash", "kimi-k25-eagle3"} <= set(stems)
+    assert stems == sorted(stems)
