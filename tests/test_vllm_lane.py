@@ -358,17 +358,20 @@ async def test_story_api_server_inspection_hits_it_first_locally(
         # the inspection subprocess fails first (exit 1): a death, though not a vLLM role
         assert "vllm.model_executor.models.registry" in cmdline
         assert died.death.code == 1
+        keep_log(w, lane_dir, "vllm-real-crash-inspection.log")
         await kill_and_verify(w, [])
 
 
 # -- c. the engine killed while serving --------------------------------------------------------
 
 async def test_engine_killed_while_serving_is_dead_although_vllm_exits_0(
-        tmp_path: Path, scratch: Path, figures: dict[str, Any], sweep: list[str]) -> None:
+        tmp_path: Path, scratch: Path, lane_dir: Path, figures: dict[str, Any],
+        sweep: list[str]) -> None:
     profile = lane_profile(tmp_path, "vllm-engine-killed", scratch)
     async with watched(profile, sweep) as w:
         await w.launch()
-        await w.first(lambda e: isinstance(e, Ready), READY_TIMEOUT)
+        _, ready = await w.first(lambda e: isinstance(e, Ready), READY_TIMEOUT)
+        figures["engine killed: launch to READY (s)"] = round(ready.took, 1)
         procs = await until_tree(w, ("APIServer", "EngineCore", "Worker"))
         core, api = procs["EngineCore"], procs["APIServer"]
         killed_at = time.time()
@@ -384,6 +387,7 @@ async def test_engine_killed_while_serving_is_dead_although_vllm_exits_0(
             await asyncio.sleep(0.2)
         assert json.loads(exit_json.read_text())["code"] == 0  # vLLM's exit code lies
         assert w.sup.machine.death is not None and w.sup.machine.death.pid == core.pid
+        keep_log(w, lane_dir, "vllm-real-engine-killed.log")
         await kill_and_verify(w, [api.pid, core.pid])
 
 
@@ -395,7 +399,8 @@ async def test_api_server_killed_leaves_orphans_that_kill_ends_over_ssh(
     profile = lane_profile(tmp_path, "vllm-orphans", scratch, target=via_ssh)
     async with watched(profile, sweep) as w:
         await w.launch()
-        await w.first(lambda e: isinstance(e, Ready), READY_TIMEOUT)
+        _, ready = await w.first(lambda e: isinstance(e, Ready), READY_TIMEOUT)
+        figures["API server killed (ssh): launch to READY (s)"] = round(ready.took, 1)
         procs = await until_tree(w, ("APIServer", "EngineCore", "Worker"))
         api, core, worker = procs["APIServer"], procs["EngineCore"], procs["Worker"]
         killed_at = time.time()

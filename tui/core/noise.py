@@ -90,7 +90,16 @@ _VLLM_RULES: tuple[NoiseRule, ...] = (
     _rule("cuda-graph-addresses", "hide", "cuda graph addresses",
           r"Registering \d+ cuda graph addresses", "cuda graph address registration"),
     _rule("exit-leak-report", "hide", "leaked",
-          r"nanobind: leaked|resource_tracker.*leaked shared_memory", "leak report at exit"),
+          r"nanobind: leaked|^\s*- leaked (?:instance|type|function) "
+          r"|resource_tracker.*leaked shared_memory", "leak report at exit"),
+    _rule("exit-leak-advice", "hide", "nanobind",
+          r"nanobind: this is likely caused by a reference counting issue"
+          r"|nanobind\.readthedocs\.io/en/latest/refleaks", "leak report at exit"),
+    _rule("exit-leak-elided", "hide", "skipped remainder", r"^\s*- \.\.\. skipped remainder$",
+          "leak report at exit"),
+    _rule("triton-no-cpu-backend", "hide", "Triton is installed",
+          r"Triton is installed, but doesn't include CPU backend",
+          "Triton without a CPU backend (CPU build)"),
 )
 
 _SGLANG_RULES: tuple[NoiseRule, ...] = (

@@ -37,6 +37,11 @@ _SYMPTOM_RE = re.compile(
     r"|Parent process exited, terminating worker|Received sigquit from a child process"
     r"|[Ee]ngine core (?:proc \S+ )?exited unexpectedly|See root cause above"
 )
+# An orderly shutdown someone asked for (SIGTERM, `specconsole kill`): the "Parent process
+# exited, terminating worker queues" that follows (INFO in vLLM 0.32) is its consequence, not a
+# failure. After the engine died, vLLM's own "shutdown triggered" comes after its symptoms.
+_REQUESTED_SHUTDOWN_RE = re.compile(
+    r"\[shutdown\].*(?:received signal=SIG(?:TERM|INT)|shutdown triggered)")
 # Every symptom contains one of these.
 _SYMPTOM_NEEDLES = ("ailed", "died", "ncountered", "EngineDead", "xited", "sigquit", "root cause")
 # Exceptions that only say another process failed (vLLM's model inspection runs in a
@@ -100,6 +105,7 @@ class RootCauseTracker:
         self._symptoms: dict[str, None] = {}
         self._death: tuple[int, str] | None = None
         self._process_header: str | None = None
+        self._stopping = False
         self.last_symptom_offset = -1
         self.last_exception_offset = -1
 
@@ -136,6 +142,8 @@ class RootCauseTracker:
         if msg.endswith(_TB_START):
             self._start(key, line, msg)
             return
+        if "[shutdown]" in msg and _REQUESTED_SHUTDOWN_RE.search(msg) is not None:
+            self._stopping = True
         level = line.level
         if level == "ERROR" or level == "CRITICAL":
             if not self._symptom(line, msg) and _ERROR_EXCEPTION_RE.search(msg) is not None:
@@ -215,6 +223,8 @@ class RootCauseTracker:
             return False
         if _SYMPTOM_RE.search(msg) is None:
             return False
+        if self._stopping:
+            return True  # a consequence of the shutdown: neither cause nor symptom
         self._symptoms[msg.strip()] = None
         self.last_symptom_offset = line.offset
         return True

@@ -247,6 +247,8 @@ class LaunchMachine:
                 events.extend(self._to(State.LOADING, at))
         if self.death is not None:
             death = self.death
+            if names.get(death.pid, death.process) != death.process:  # the log names it now
+                death = replace(death, process=names[death.pid])
             if death.code is None and death.signal is None and death.process in self.reported_codes:
                 death = replace(death, code=self.reported_codes[death.process])
             cause = self.tracker.cause()
