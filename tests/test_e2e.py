@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from helpers import carriers, free_port, sim_profile
 
+from tui.cli import COMMANDS
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -54,7 +56,7 @@ def _first_death(gpu_dir: Path) -> dict[str, float]:
 def test_help_lists_every_subcommand_in_one_line_each() -> None:
     out = _cli("--help", env={"COLUMNS": "80"}).stdout
     lines = out.splitlines()
-    subs = ("launch", "wait", "status", "kill", "logs", "check", "explain", "demo")
+    subs = COMMANDS
     for sub in subs:
         at = next(i for i, line in enumerate(lines) if line.strip().startswith(sub + " "))
         following = lines[at + 1].strip()  # the next line is another subcommand, not a wrap
