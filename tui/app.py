@@ -109,6 +109,10 @@ class ConsoleApp(App[str]):
         self.set_interval(1.0, self._tick)
         self.run_worker(self._supervise(), name="supervise", exit_on_error=False)
 
+    async def on_unmount(self) -> None:
+        """However the app ends, stop watching and drop the session (the server stays)."""
+        await self.sup.close()
+
     def on_resize(self, event: Resize) -> None:
         self._layout(event.size.width, event.size.height)
 
