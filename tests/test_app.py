@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import stat
 import time
 from collections.abc import Callable
@@ -368,3 +369,23 @@ async def test_scrolling_past_the_capped_buffer_fetches_older_lines(
         await until(pilot, lambda: not view.window.detached, 10, "re-anchored")
         assert view.window.view(True)[-1].end >= first_held
         await sup.kill(1.0)
+
+
+async def test_preflight_refusal_is_on_screen_and_nothing_launches(tmp_path: Path) -> None:
+    profile = load_profile(sim_profile(tmp_path, "ready"))
+    with socket.socket() as busy:  # the port is taken: preflight must refuse
+        busy.bind(("127.0.0.1", profile.server.port))
+        busy.listen()
+        sup = Supervisor(profile)
+        app = ConsoleApp(sup)
+        async with app.run_test(size=(200, 50)) as pilot:
+            await until(pilot, lambda: "PREFLIGHT REFUSED" in banner_text(app), 20,
+                        "the refusal")
+            assert app.query_one(Banner).kind == "error"
+            assert str(profile.server.port) in banner_text(app)
+            timeline = str(app.query_one(TimelinePane).render())
+            assert "preflight" in timeline and "✗" in timeline
+            assert sup.run is None
+            await pilot.press("q")
+        assert app.return_value == "nothing of this profile is running"
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

@@ -3,7 +3,8 @@
 1. Death → DEAD event: a simulated worker dies of the story's SyntaxError (it writes the moment
    just before exiting); the time until the Supervisor emits Died, locally and over SSH on
    loopback through the in-process asyncssh server. N runs each; median and p90.
-2. The agent's CPU cost: CPU seconds per minute of the watch agent while it watches a running
+2. Death → DEAD banner drawn in the console (Textual, headless run_test), the same way.
+3. The agent's CPU cost: CPU seconds per minute of the watch agent while it watches a running
    simulated launch (API server, engine core, 8 workers = 10 processes) with 8 fake GPUs.
 """
 
@@ -77,6 +78,60 @@ async def death_latency(runs: int) -> None:
             await server.stop()
 
 
+async def _one_banner(tmp: Path, target: str, ssh_config: str | None) -> float:
+    """Milliseconds from the worker's death to the DEAD banner's update in the console."""
+    from tui.app import ConsoleApp
+    from tui.widgets.banner import Banner
+
+    profile = load_profile(sim_profile(tmp, "syntax-error", target=target, time_scale=20))
+
+    async def opener(host: object) -> object:
+        return await open_session(host, ssh_config=ssh_config)
+
+    shown: list[float] = []
+    original = Banner.show
+
+    def show(self: Banner, kind: str, title: str, detail: str = "") -> None:
+        original(self, kind, title, detail)
+        if kind == "dead" and not shown:
+            shown.append(time.time())
+
+    Banner.show = show  # type: ignore[method-assign]
+    sup = Supervisor(profile, opener=opener)
+    app = ConsoleApp(sup, env={}, kill_grace=1.0)
+    try:
+        async with app.run_test(size=(200, 50)) as pilot:
+            deadline = time.monotonic() + 30
+            while not shown and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            await sup.kill(1.0)
+    finally:
+        Banner.show = original  # type: ignore[method-assign]
+    deaths = [json.loads(x) for x in (tmp / "gpus" / "deaths.jsonl").read_text().splitlines()]
+    return (shown[0] - min(d["time"] for d in deaths)) * 1000
+
+
+async def banner_latency(runs: int) -> None:
+    with tempfile.TemporaryDirectory() as base:
+        server = SSHTestServer(Path(base) / "ssh")
+        await server.start()
+        try:
+            for label, target, cfg in (("local", "local", None),
+                                       ("ssh", server.alias, str(server.ssh_config))):
+                samples = []
+                for i in range(runs):
+                    tmp = Path(base) / f"banner-{label}{i}"
+                    tmp.mkdir()
+                    samples.append(await _one_banner(tmp, target, cfg))
+                samples.sort()
+                print(f"death -> DEAD banner, {label:5s}: median "
+                      f"{statistics.median(samples):6.1f} ms  p90 "
+                      f"{samples[int(0.9 * (len(samples) - 1))]:6.1f} ms  max "
+                      f"{samples[-1]:6.1f} ms  (n={runs})", flush=True)
+        finally:
+            await server.stop()
+
+
 async def agent_cpu(seconds: float) -> None:
     with tempfile.TemporaryDirectory() as base:
         tmp = Path(base)
@@ -106,6 +161,7 @@ def main() -> None:
     parser.add_argument("--cpu-seconds", type=float, default=60.0)
     args = parser.parse_args()
     asyncio.run(death_latency(args.runs))
+    asyncio.run(banner_latency(args.runs))
     asyncio.run(agent_cpu(args.cpu_seconds))
 
 
