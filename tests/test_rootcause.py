@@ -339,7 +339,7 @@ def test_root_cause_equality_tracks_what_changed() -> None:
 
 
 # vLLM 0.32 (real lines, tests/fixtures/vllm-real-*.log): a requested shutdown's consequences
-# are no symptom; the engine's death before vLLM's own shutdown still is.
+# are no symptom; the engine's death, and vLLM's own shutdown after it, still are.
 SIGTERM_SHUTDOWN = [
     "(EngineCore pid=15602) INFO 12-03 08:14:27 [core.py:1454] [shutdown] EngineCore: trigger "
     "received signal=SIGTERM",
@@ -348,13 +348,13 @@ SIGTERM_SHUTDOWN = [
     "(Worker pid=15694) INFO 12-03 08:14:27 [multiproc_executor.py:843] Parent process exited, "
     "terminating worker queues",
 ]
-ENGINE_KILLED = [
-    "(APIServer pid=88) ERROR 12-03 08:20:01 [core_client.py:700] Engine core proc EngineCore "
-    "died unexpectedly, shutting down client.",
-    "(APIServer pid=88) INFO 12-03 08:20:01 [launcher.py:254] [shutdown] API server: shutdown "
-    "triggered",
-    "(Worker pid=90) INFO 12-03 08:20:02 [multiproc_executor.py:843] Parent process exited, "
+ENGINE_KILLED = [  # SIGKILL of EngineCore while serving (vllm-real-engine-killed.log)
+    "(Worker pid=24948) INFO 12-03 08:24:00 [multiproc_executor.py:843] Parent process exited, "
     "terminating worker queues",
+    "(APIServer pid=24821) INFO 12-03 08:24:00 [utils.py:628] [shutdown] Process manager: send "
+    "sigterm to process EngineCore",
+    "(APIServer pid=24821) WARNING 12-03 08:24:00 [core_client.py:817] [shutdown] MPClient: "
+    "engine core exited unexpectedly; starting cleanup",
 ]
 
 
@@ -362,7 +362,8 @@ ENGINE_KILLED = [
     (SIGTERM_SHUTDOWN, ()),
     (SIGTERM_SHUTDOWN[1:], ()),
     (SIGTERM_SHUTDOWN[2:], ("Parent process exited, terminating worker queues",)),
-    (ENGINE_KILLED, ("Engine core proc EngineCore died unexpectedly, shutting down client.",)),
+    (ENGINE_KILLED, ("Parent process exited, terminating worker queues",
+                     "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")),
 ])
 def test_requested_shutdown_consequences_are_no_symptoms(lines: list[str],
                                                          symptoms: tuple[str, ...]) -> None:
