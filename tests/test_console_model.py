@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import calendar
 import re
+from pathlib import Path
 
 import pytest
 
 from tui.core.gpuview import GpuHistory
 from tui.core.logline import parse_line
+from tui.core.logtime import LogClock
 from tui.core.logwindow import Entry, LogWindow
 from tui.core.noise import rule_from_pattern
 from tui.core.phases import Phase
 from tui.core.proctree import ProcTree
 from tui.core.protocol import GpuInfo, GpuProc, Gpus, ProcInfo, Procs
-from tui.core.state import Death, Stalled, State
+from tui.core.state import Death, LaunchMachine, Stalled, State
 from tui.core.status import RunView, status_line, timeline_rows
 from tui.core.timeline import PhaseSpan
 
@@ -179,3 +182,37 @@ def test_timeline_rows_mark_the_current_and_the_failed_phase() -> None:
     done = (PhaseSpan(Phase.READY_LOG, T0 + 1400, T0 + 1490),)
     rows = timeline_rows(view(State.DEAD, done, death=serving), T0 + 2001)
     assert rows[-1].label == "serving" and rows[-1].failed
+
+
+# -- the log's own clock (attach replays phases at the times they happened) ----------------------
+
+def test_log_clock_anchors_the_zone_on_the_launch() -> None:
+    launched = calendar.timegm((2026, 9, 30, 12, 2, 10, 0, 0, 0))  # 14:02:10 at UTC+2
+    clock = LogClock(launched)
+    first = "(APIServer pid=1) INFO 09-30 14:02:11 [api_server.py:1896] vLLM API server"
+    assert clock.time_of(first) == launched + 1
+    assert clock.time_of("(Worker_TP0 pid=3) INFO 09-30 14:27:01 [x.py:1] y") == launched + 1491
+    assert clock.time_of("Loading safetensors checkpoint shards: 3%") is None
+    assert LogClock(launched).time_of("INFO 02-30 10:00:00 [x.py:1] no such day") is None
+
+
+def test_attach_replays_phases_at_the_times_they_were_logged() -> None:
+    lines = (Path(__file__).parent / "fixtures" / "vllm-startup-ready.log").read_text()
+    launched = calendar.timegm((2026, 9, 30, 14, 2, 10, 0, 0, 0))  # the host logs in UTC
+    machine = LaunchMachine()
+    attach_at = launched + 3600.0  # an hour later, the console attaches
+    machine.started(1, launched, attach_at)
+    offset, fed = 0, []
+    for raw in lines.splitlines():
+        fed.append((offset, raw))
+        offset += len(raw.encode()) + 1
+    machine.feed_lines(fed, attach_at)
+    spans = machine.timeline.spans
+    assert [s.phase for s in spans][:3] == [Phase.LAUNCH, Phase.CONFIG, Phase.WEIGHTS]
+    assert all(launched <= s.start < attach_at for s in spans)
+    weights = next(s for s in spans if s.phase is Phase.WEIGHTS)
+    assert weights.duration(attach_at) > 10  # not zero: it took its real time
+    live = LaunchMachine()
+    live.started(1, launched, launched + 1)
+    live.feed_lines([(0, lines.splitlines()[0])], launched + 1.5)
+    assert live.timeline.spans[0].start == launched + 1.5  # a live line counts from now

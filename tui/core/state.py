@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from tui.core.logline import LogLine, parse_line
+from tui.core.logtime import LogClock
 from tui.core.noise import NoiseFilter, NoiseRule
 from tui.core.phases import Phase, PhaseHit, detect_phase
 from tui.core.protocol import Gpus, Health, ProcExit, ProcInfo, Procs, RunExit
@@ -59,6 +60,8 @@ _REPORTED_EXIT = re.compile(
 _REPORTED_COMMAND = re.compile(r"Command '(\[.*?\])' returned non-zero exit status (-?\d+)")
 # Exits of unknown code kept until the log reports them (a few: inspection children are rare)
 _PENDING_MAX = 16
+# A line stamped this much before it was read is history (a replay on attach), not live.
+LATE_LINE_S = 2.0
 # Heartbeats of a hang: lines that must not count as progress.
 _HANG_HEARTBEAT = "No available shared memory broadcast block found"
 
@@ -175,6 +178,8 @@ class LaunchMachine:
     # vLLM's own names and reported exit codes, from the log: a process that died young or
     # was reaped by its parent is known to the agent only by a provisional name and no code
     log_names: dict[int, str] = field(default_factory=dict)
+    log_clock: LogClock | None = None
+    _replayed_at: float | None = None  # the stamp of the last late line, while replaying
     reported_codes: dict[str, int] = field(default_factory=dict)
     # processes that ended with an unknown code, until the log says how (see _REPORTED_COMMAND)
     pending_exits: dict[int, ProcExit] = field(default_factory=dict)
@@ -204,6 +209,7 @@ class LaunchMachine:
         self.launched_at = launched_at
         self.last_line_at = at
         self.timeline = Timeline(launched_at, self.expected_load_s)
+        self.log_clock = LogClock(launched_at)
         return self._to(State.STARTING, at)
 
     def killing(self, at: float) -> list[DomainEvent]:
@@ -238,7 +244,7 @@ class LaunchMachine:
             if rule is None:
                 hit = detect_phase(line, self.engine)
                 if hit is not None:
-                    events.extend(self._on_phase(hit, at))
+                    events.extend(self._on_phase(hit, self._written_at(raw, at)))
                     if hit.phase is Phase.SERVING:
                         self.spec_decode = parse_interval(line.message) or self.spec_decode
         if progressed:
@@ -281,6 +287,22 @@ class LaunchMachine:
                 del self.pending_exits[pid]
                 return self.feed_exit(replace(ex, code=int(m.group(2))), at)
         return []
+
+    def _written_at(self, raw: str, at: float) -> float:
+        """A line read late (attaching to a running server replays its log) counts from when
+        it was written, so the timeline's durations are right; a live line, from now. Lines
+        without a stamp (tqdm bars, uvicorn) take the time of the stamped line before them."""
+        written = self.log_clock.time_of(raw) if self.log_clock is not None else None
+        if written is None:
+            written = self._replayed_at
+        elif written > at - LATE_LINE_S:
+            self._replayed_at = None
+            return at
+        else:
+            self._replayed_at = written
+        if written is None or self.launched_at is None:
+            return at
+        return max(written, self.launched_at)
 
     def _on_phase(self, hit: PhaseHit, at: float) -> list[DomainEvent]:
         events: list[DomainEvent] = []
