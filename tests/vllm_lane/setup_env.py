@@ -115,10 +115,17 @@ def ensure_models(root: Path) -> str:
     return f"models built in {time.monotonic() - started:.0f} s ({models})"
 
 
+def ensure_scratch(root: Path) -> None:
+    """The profile's default TMPDIR and caches (a missing TMPDIR makes Python use /tmp)."""
+    for sub in ("tmp", "cache", "inductor"):
+        (root / "scratch" / sub).mkdir(parents=True, exist_ok=True)
+
+
 def main() -> int:
     root = env_dir()
     try:
         done = [ensure_venv(root), ensure_models(root)]
+        ensure_scratch(root)
     except SetupFailed as e:
         print(f"vllm lane setup: {e}", file=sys.stderr)
         return 1
