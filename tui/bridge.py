@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from textual.message import Message
 
-from tui.core.describe import death_lines, duration
+from tui.core.describe import death_lines, duration, gpu_verdict
 from tui.core.gpuview import GpuHistory
 from tui.core.logwindow import Entry
 from tui.core.proctree import ProcTree
@@ -173,12 +173,6 @@ class Bridge:
         if killed.remaining:
             return AlertRaised("error", "STILL RUNNING after kill: pids "
                                + ", ".join(map(str, killed.remaining)), steps)
-        ours = [h for h in killed.gpu_holders if h.get("run", True)]
-        if killed.gpu_released is None:
-            gpu = "GPU memory: unknown (no NVML on the host)"
-        elif ours:
-            gpu = "GPU memory NOT released: " + ", ".join(
-                f"pid {h.get('pid')} on GPU {h.get('gpu')}" for h in ours)
-        else:
-            gpu = "GPU memory released"
-        return AlertRaised("stopped", f"STOPPED — no process of the run remains · {gpu}", steps)
+        released, gpu = gpu_verdict(killed)
+        return AlertRaised("stopped" if released else "error",
+                           f"STOPPED — no process of the run remains · {gpu}", steps)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tui.core.command import redact
-from tui.core.describe import death_lines, describe, duration
+from tui.core.describe import death_lines, describe, duration, gpu_verdict
 from tui.core.errors import PreflightFailed, RunNotFound, SpecconsoleError
 from tui.core.explain import explain
 from tui.core.logline import strip_escapes
@@ -200,16 +200,9 @@ async def cmd_kill(args: argparse.Namespace) -> int:
         if killed.remaining:
             print(f"STILL RUNNING: {', '.join(map(str, killed.remaining))}")
             return EXIT_ERROR
-        ours = [h for h in killed.gpu_holders if h.get("run", True)]
-        if killed.gpu_released is None:
-            gpu = "GPU memory: unknown (no NVML on the host)"
-        elif ours:
-            gpu = "GPU memory NOT released: " + ", ".join(
-                f"pid {h.get('pid')} on GPU {h.get('gpu')}" for h in ours)
-        else:
-            gpu = "GPU memory released"
+        released, gpu = gpu_verdict(killed)
         print(f"no process of the run remains; {gpu}")
-        return EXIT_ERROR if ours else 0
+        return 0 if released else EXIT_ERROR
     finally:
         await sup.close()
 

@@ -17,10 +17,13 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 
+T = TypeVar("T")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
@@ -31,6 +34,12 @@ from tui.core.profile import load_profile  # noqa: E402
 from tui.core.state import Died  # noqa: E402
 from tui.remote.session import open_session  # noqa: E402
 from tui.supervisor import Supervisor  # noqa: E402
+
+
+def _spread(samples: list[float]) -> str:
+    ordered = sorted(samples)
+    return (f"median {statistics.median(ordered):6.1f} ms  p90 "
+            f"{ordered[int(0.9 * (len(ordered) - 1))]:6.1f} ms  max {ordered[-1]:6.1f} ms ")
 
 
 async def _one_death(tmp: Path, target: str, ssh_config: str | None) -> tuple[float, float]:
@@ -54,28 +63,31 @@ async def _one_death(tmp: Path, target: str, ssh_config: str | None) -> tuple[fl
         await sup.close()
 
 
-async def death_latency(runs: int) -> None:
+async def _local_and_ssh(runs: int, one: Callable[[Path, str, str | None], Awaitable[T]],
+                         ) -> AsyncIterator[tuple[str, list[T]]]:
+    """`runs` measurements locally, then as many through the in-process SSH server."""
     with tempfile.TemporaryDirectory() as base:
         server = SSHTestServer(Path(base) / "ssh")
         await server.start()
         try:
             for label, target, cfg in (("local", "local", None),
                                        ("ssh", server.alias, str(server.ssh_config))):
-                samples, at_agent = [], []
+                results = []
                 for i in range(runs):
                     tmp = Path(base) / f"{label}{i}"
                     tmp.mkdir()
-                    total, agent = await _one_death(tmp, target, cfg)
-                    samples.append(total)
-                    at_agent.append(agent)
-                samples.sort()
-                median = statistics.median(samples)
-                print(f"death -> DEAD event, {label:5s}: median {median:6.1f} ms"
-                      f"  p90 {samples[int(0.9 * (len(samples) - 1))]:6.1f} ms"
-                      f"  max {samples[-1]:6.1f} ms  (n={runs}; of which death -> agent's exit "
-                      f"event: median {statistics.median(at_agent):.1f} ms)", flush=True)
+                    results.append(await one(tmp, target, cfg))
+                yield label, results
         finally:
             await server.stop()
+
+
+async def death_latency(runs: int) -> None:
+    async for label, results in _local_and_ssh(runs, _one_death):
+        at_agent = [agent for _, agent in results]
+        print(f"death -> DEAD event, {label:5s}: {_spread([t for t, _ in results])} (n={runs}; "
+              f"of which death -> agent's exit event: median {statistics.median(at_agent):.1f} "
+              "ms)", flush=True)
 
 
 async def _one_banner(tmp: Path, target: str, ssh_config: str | None) -> float:
@@ -112,24 +124,8 @@ async def _one_banner(tmp: Path, target: str, ssh_config: str | None) -> float:
 
 
 async def banner_latency(runs: int) -> None:
-    with tempfile.TemporaryDirectory() as base:
-        server = SSHTestServer(Path(base) / "ssh")
-        await server.start()
-        try:
-            for label, target, cfg in (("local", "local", None),
-                                       ("ssh", server.alias, str(server.ssh_config))):
-                samples = []
-                for i in range(runs):
-                    tmp = Path(base) / f"banner-{label}{i}"
-                    tmp.mkdir()
-                    samples.append(await _one_banner(tmp, target, cfg))
-                samples.sort()
-                print(f"death -> DEAD banner, {label:5s}: median "
-                      f"{statistics.median(samples):6.1f} ms  p90 "
-                      f"{samples[int(0.9 * (len(samples) - 1))]:6.1f} ms  max "
-                      f"{samples[-1]:6.1f} ms  (n={runs})", flush=True)
-        finally:
-            await server.stop()
+    async for label, samples in _local_and_ssh(runs, _one_banner):
+        print(f"death -> DEAD banner, {label:5s}: {_spread(samples)} (n={runs})", flush=True)
 
 
 async def agent_cpu(seconds: float) -> None:

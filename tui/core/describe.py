@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 
+from tui.core.protocol import Killed
 from tui.core.state import (
     CauseUpdated,
     Death,
@@ -79,3 +80,14 @@ def describe(event: object) -> list[str]:
     if isinstance(event, StateChanged) and event.state in (State.KILLING, State.STOPPED):
         return [f"state: {event.state.value}"]
     return []
+
+
+def gpu_verdict(killed: Killed) -> tuple[bool, str]:
+    """After a kill: whether the run's GPU memory is free, and that in words."""
+    ours = [h for h in killed.gpu_holders if h.get("run", True)]
+    if killed.gpu_released is None:
+        return True, "GPU memory: unknown (no NVML on the host)"
+    if ours:
+        return False, "GPU memory NOT released: " + ", ".join(
+            f"pid {h.get('pid')} on GPU {h.get('gpu')}" for h in ours)
+    return True, "GPU memory released"
