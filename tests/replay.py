@@ -2,14 +2,18 @@
 
 Everything after the agent is real (the supervisor's dispatch, the launch machine, the bridge,
 the app); only the agent's stream comes from a script instead of a host, so pids, clocks and
-memory figures are the same on every run and an SVG can be compared byte for byte.
+memory figures are the same on every run and an SVG can be compared byte for byte. Each line
+of the fixture logs is replayed at the time its own stamp says, from a launch pinned one second
+before the log's first stamp.
 """
 
 from __future__ import annotations
 
+import calendar
 from dataclasses import dataclass
 from pathlib import Path
 
+from tui.core.logtime import LogClock
 from tui.core.profile import Profile
 from tui.core.protocol import (
     GpuInfo,
@@ -24,33 +28,37 @@ from tui.core.protocol import (
 from tui.supervisor import RunInfo, RunStarted, Supervisor
 
 FIXTURES = Path(__file__).parent / "fixtures"
-T0 = 1_796_290_000.0  # 2026-12-03 09:26:40 UTC: the pinned launch time
 GIB = 2**30
 WEIGHTS_33 = 43  # lines of the startup fixture up to "shards: 33% Completed | 10/30"
+STARTUP_T0 = float(calendar.timegm((2026, 9, 30, 14, 2, 10, 0, 0, 0)))
+CRASH_T0 = float(calendar.timegm((2026, 3, 2, 9, 14, 2, 0, 0, 0)))
+WORKERS = list(range(3011, 3019))
+
+Script = tuple[list[tuple[float, object]], int, float]  # (at, agent event), top pid, launch
 
 
 @dataclass
 class PinnedClock:
-    now: float = T0
+    now: float
 
     def __call__(self) -> float:
         return self.now
 
 
 class ReplaySupervisor(Supervisor):
-    def __init__(self, profile: Profile, script: list[tuple[float, object]],
-                 clock: PinnedClock, pid: int) -> None:
-        super().__init__(profile, clock=clock)
-        self.script, self.pinned, self.pid = script, clock, pid
+    def __init__(self, profile: Profile, script: Script) -> None:
+        self.script, self.pid, self.t0 = script
+        self.pinned = PinnedClock(self.t0)
+        super().__init__(profile, clock=self.pinned)
 
     async def start(self, *, launch: bool = True, skip_preflight: bool = False) -> RunInfo:
-        self.run = RunInfo("kimi-k25-eagle3-20261203-092640-a1b2c3",
-                           "/home/ml/.specconsole/runs/kimi-k25-eagle3-20261203-092640-a1b2c3",
-                           self.pid, T0, attached=False)
-        self._emit(self.machine.started(self.pid, T0, T0))
+        run_id = "kimi-k25-eagle3-20260930-140210-a1b2c3"
+        self.run = RunInfo(run_id, f"/home/ml/.specconsole/runs/{run_id}", self.pid, self.t0,
+                           attached=False)
+        self._emit(self.machine.started(self.pid, self.t0, self.t0))
         self._emit([RunStarted(self.run)])
-        for at, event in self.script:
-            self.pinned.now = T0 + at
+        for at, event in sorted(self.script, key=lambda item: item[0]):
+            self.pinned.now = self.t0 + at
             self._dispatch(event)
         return self.run
 
@@ -58,68 +66,77 @@ class ReplaySupervisor(Supervisor):
         self._closing = True
 
 
-def _spread(lines: list[str], start: int, t0: float, t1: float) -> list[tuple[float, object]]:
-    """One chunk per line, their times spread evenly over [t0, t1]; byte offsets from start."""
+def _timed(lines: list[str], start: int, t0: float, at: float = 0.5,
+           ) -> list[tuple[float, object]]:
+    """One chunk per line at the time its stamp says (an unstamped line: the one before's)."""
+    clock = LogClock(t0)
     out: list[tuple[float, object]] = []
-    step = (t1 - t0) / max(1, len(lines))
-    for i, line in enumerate(lines):
+    for line in lines:
+        stamped = clock.time_of(line)
+        at = stamped - t0 + 0.5 if stamped is not None else at
         end = start + len(line.encode()) + 1
-        out.append((t0 + i * step, LogChunk(start, end, (line,))))
+        out.append((at, LogChunk(start, end, (line,))))
         start = end
     return out
 
 
-def _end(script: list[tuple[float, object]]) -> int:
-    return max((e.end for _, e in script if isinstance(e, LogChunk)), default=0)
+def _end(script: list[tuple[float, object]]) -> tuple[int, float]:
+    chunks = [(e.end, at) for at, e in script if isinstance(e, LogChunk)]
+    return max(chunks) if chunks else (0, 0.0)
 
 
-def _tree(api: int, core: int, workers: list[int], at: float, alive: bool = True) -> Procs:
+def _tree(api: int, core: int, workers: list[int], t0: float, at: float,
+          alive: bool = True) -> Procs:
     procs = [ProcInfo(api, 1, "vllm", "vllm serve /models/moonshotai/Kimi-K2.5", "sleeping",
-                      3.0, 2_400 * 2**20, T0, alive),
+                      3.0, 2_400 * 2**20, t0, alive),
              ProcInfo(core, api, "VLLM::EngineCor", "VLLM::EngineCore", "sleeping", 12.0,
-                      5_100 * 2**20, T0 + 4, alive)]
+                      5_100 * 2**20, t0 + 4, alive)]
     procs += [ProcInfo(pid, core, "VLLM::Worker", "VLLM::Worker", "running", 98.0,
-                       9_800 * 2**20, T0 + 6, alive) for pid in workers]
-    return Procs(T0 + at, tuple(procs))
+                       9_800 * 2**20, t0 + 6, alive) for pid in workers]
+    return Procs(t0 + at, tuple(procs))
 
 
-def _gpus(workers: list[int], at: float, gib: list[float]) -> Gpus:
-    return Gpus(T0 + at, tuple(
+def _gpus(t0: float, at: float, gib: list[float]) -> Gpus:
+    return Gpus(t0 + at, tuple(
         GpuInfo(i, "NVIDIA H200", int(gib[i] * GIB), 141 * GIB, 35 + 5 * (i % 3),
-                (GpuProc(workers[i], int(gib[i] * GIB)),))
+                (GpuProc(WORKERS[i], int(gib[i] * GIB)),))
         for i in range(8)))
 
 
-def loading_script() -> tuple[list[tuple[float, object]], int]:
+def loading_script() -> Script:
     """The startup fixture up to the weights at 33 %, 8 GPUs filling, one of them flat."""
     lines = (FIXTURES / "vllm-startup-ready.log").read_text().splitlines()
-    workers = list(range(3011, 3019))
-    script = _spread(lines[:WEIGHTS_33], 0, 2.0, 620.0)
-    for step in range(8):
-        gib = [min(120.0, 6.0 + 11.0 * step) for _ in range(8)]
-        gib[5] = min(gib[5], 17.0)  # GPU 5 stopped growing while the others grow
-        script.append((560.0 + 10 * step, _gpus(workers, 560.0 + 10 * step, gib)))
-    script.append((635.0, _tree(2741, 2903, workers, 635.0)))
-    return sorted(script, key=lambda item: item[0]), 2741
+    script = _timed(lines[:WEIGHTS_33], 0, STARTUP_T0)
+    _, last = _end(script)
+    for step in range(12):
+        gib = [4.0 + 3.0 * step] * 8
+        gib[5] = min(gib[5], 13.0)  # GPU 5 stopped growing while the others grow
+        script.append((last - 11 + step, _gpus(STARTUP_T0, last - 11 + step, gib)))
+    script.append((last + 1, _tree(2741, 2903, WORKERS, STARTUP_T0, last + 1)))
+    return script, 2741, STARTUP_T0
 
 
-def ready_script() -> tuple[list[tuple[float, object]], int]:
+def ready_script() -> Script:
     lines = (FIXTURES / "vllm-startup-ready.log").read_text().splitlines()
-    script, pid = loading_script()
-    script += _spread(lines[WEIGHTS_33:], _end(script), 640.0, 1470.0)
-    workers = list(range(3011, 3019))
-    script.append((1480.0, _gpus(workers, 1480.0, [128.5] * 8)))
-    script.append((1490.0, Health(True, "/health", 200, T0 + 1490)))
-    script.append((1490.5, Health(True, "/v1/models", 200, T0 + 1490.5)))
-    return script, pid
+    script, pid, t0 = loading_script()
+    end, last = _end(script)
+    script += _timed(lines[WEIGHTS_33:], end, t0, last)
+    _, last = _end(script)
+    script.append((last, _gpus(t0, last, [128.5] * 8)))
+    script.append((last, _tree(2741, 2903, WORKERS, t0, last)))
+    script.append((last + 0.5, Health(True, "/health", 200, t0 + last + 0.5)))
+    script.append((last + 0.6, Health(True, "/v1/models", 200, t0 + last + 0.6)))
+    return script, pid, t0
 
 
-def dead_script() -> tuple[list[tuple[float, object]], int]:
+def dead_script() -> Script:
+    """The crash fixture: the engine core dies of a SyntaxError in a patched model file."""
     lines = (FIXTURES / "vllm-crash-syntaxerror.log").read_text().splitlines()
     cut = next(i for i, line in enumerate(lines) if "SyntaxError" in line) + 1
-    script = _spread(lines[:cut], 0, 1.0, 23.0)
-    script += [(22.0, _tree(88, 301, [], 21.0)),
-               (23.1, ProcExit(301, "VLLM::EngineCor", 1, None, T0 + 23.0, False))]
-    script += _spread(lines[cut:], _end(script), 23.2, 24.0)
-    script.append((24.0, _tree(88, 301, [], 24.0, alive=False)))
-    return sorted(script, key=lambda item: item[0]), 88
+    script = _timed(lines[:cut], 0, CRASH_T0)
+    end, died = _end(script)
+    script += [(died - 1, _tree(88, 301, [], CRASH_T0, died - 1)),
+               (died, ProcExit(301, "VLLM::EngineCor", 1, None, CRASH_T0 + died, False))]
+    script += _timed(lines[cut:], end, CRASH_T0, died)
+    script.append((died + 1, _tree(88, 301, [], CRASH_T0, died + 1, alive=False)))
+    return script, 88, CRASH_T0

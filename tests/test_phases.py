@@ -43,6 +43,9 @@ CASES = [
     (f"{W} \rLoading safetensors checkpoint shards:   0% Completed | 0/30 [00:00<?, ?it/s]"
      "\rLoading safetensors checkpoint shards:  50% Completed | 15/30 [00:22<00:22,  1.50s/it]",
      PhaseHit(Phase.WEIGHTS, progress=0.5, shards=(15, 30))),
+    ("Loading safetensors checkpoint shards:   3% Completed | 1/30 [00:01<00:29,  1.50s/it]"
+     "Loading safetensors checkpoint shards:   7% Completed | 2/30 [00:02<00:28,  1.50s/it]",
+     PhaseHit(Phase.WEIGHTS, progress=2 / 30, shards=(2, 30))),  # carriage returns dropped
     ("Loading pt checkpoint shards: 100% Completed | 4/4 [00:10<00:00]",
      PhaseHit(Phase.WEIGHTS, progress=1.0, shards=(4, 4))),
     ("Multi-thread loading shards:  25% Completed | 1/4 [00:01<00:03]",

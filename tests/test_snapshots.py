@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from replay import PinnedClock, ReplaySupervisor, dead_script, loading_script, ready_script
+from replay import ReplaySupervisor, Script, dead_script, loading_script, ready_script
 from textual.pilot import Pilot
 
 from tui.app import ConsoleApp
@@ -20,11 +20,9 @@ from tui.core.profile import load_profile
 PROFILE = Path(__file__).parent.parent / "profiles" / "kimi-k25-eagle3.toml"
 
 
-def console(script: Callable[[], tuple[list[tuple[float, object]], int]]) -> ConsoleApp:
-    events, pid = script()
-    clock = PinnedClock()
-    sup = ReplaySupervisor(load_profile(PROFILE), events, clock, pid)
-    return ConsoleApp(sup, clock=clock, env={}, profile_arg="kimi-k25-eagle3")
+def console(script: Callable[[], Script]) -> ConsoleApp:
+    sup = ReplaySupervisor(load_profile(PROFILE), script())
+    return ConsoleApp(sup, clock=sup.pinned, env={}, profile_arg="kimi-k25-eagle3")
 
 
 async def settle(pilot: Pilot[str]) -> None:

@@ -97,9 +97,13 @@ _TQDM = re.compile(r"(\d+)%(?:.*?(\d+)/(\d+))?")
 
 
 def _bar(phase: Phase, with_shards: bool) -> _Handler:
-    """A tqdm bar: progress from `n/total`, or from the percentage when there are no counts."""
+    """A tqdm bar: progress from `n/total`, or from the percentage when there are no counts.
+    A log shipper that drops tqdm's carriage returns leaves every redraw on one line: the last
+    one is the current state."""
     def handle(msg: str) -> PhaseHit:
-        m = _TQDM.search(msg)
+        m = None
+        for m in _TQDM.finditer(msg):  # noqa: B007 — the last match is wanted
+            pass
         if m is None:
             return PhaseHit(phase)
         if m.group(3) is None or not int(m.group(3)):
