@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from rich.style import Style
 
 from tui import cli
 from tui.alerts import restore_command, title_sequence, window_name_command
@@ -104,3 +105,19 @@ def test_list_profiles_finds_the_shipped_ones(monkeypatch: pytest.MonkeyPatch) -
     stems = [p.stem for p in cli.list_profiles()]
     assert {"demo", "demo-crash", "kimi-k25-eagle3"} <= set(stems)
     assert stems == sorted(stems)
+
+
+def test_log_lines_keep_vllm_colours_and_nothing_else() -> None:
+    from tui.core.logline import parse_line
+    from tui.core.logwindow import Entry, LogWindow
+    from tui.widgets.logs import LogView
+
+    raw = ("\x1b[1;36m(Worker_TP0 pid=3011)\x1b[0;0m INFO 09-30 14:02:41 [x.py:1] hello"
+           "\x1b]0;pwned\x07\x1b]52;c;ZXZpbA==\x07\x1b[2J\x1b[H")
+    view = LogView(LogWindow())
+    text = view.line_text(Entry(parse_line(raw, 0), None), current=False)
+    assert text.plain == parse_line(raw, 0).plain
+    assert "\x1b" not in text.plain and "pwned" not in text.plain
+    prefix = next(span for span in text.spans if span.start == 0)
+    assert prefix.end == len("(Worker_TP0 pid=3011)")
+    assert Style.parse(str(prefix.style)).color.number == 6  # vLLM's cyan prefix survives

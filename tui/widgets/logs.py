@@ -21,6 +21,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Input, Static
 
+from tui.core.logline import keep_colours
 from tui.core.logwindow import Entry, LogWindow
 from tui.messages import LogLines, RootCauseFound, RunReset
 
@@ -39,6 +40,16 @@ class NeedOlder(Message):
 @dataclass
 class NeedTail(Message):
     """Following again after scrolling far back: re-anchor at the log's end."""
+
+
+def _coloured(raw: str, plain: str) -> Text:
+    """vLLM's own colours (SGR only: every other sequence was removed by keep_colours), when
+    they colour exactly the visible text; otherwise the plain text."""
+    if "\x1b[" in raw and len(raw) <= MAX_DRAWN:
+        text = Text.from_ansi(keep_colours(raw), no_wrap=True, end="")
+        if text.plain == plain:
+            return text
+    return Text(plain, no_wrap=True)
 
 
 class LogView(ScrollView, can_focus=True):
@@ -219,7 +230,7 @@ class LogView(ScrollView, can_focus=True):
         line = entry.line
         plain = line.plain if len(line.plain) <= MAX_DRAWN else (
             line.plain[:MAX_DRAWN] + f" … ({len(line.plain) - MAX_DRAWN} more characters)")
-        text = Text(plain, no_wrap=True)
+        text = _coloured(line.raw, plain)
         rule = entry.rule
         shift = 0  # where the line's own text starts (after a marker)
         if line.offset == self.cause_offset:
