@@ -147,6 +147,8 @@ class ConsoleApp(App[str]):
                                     str(exc)))
         except SpecconsoleError as exc:
             self._alert(AlertRaised("error", f"ERROR — {exc}"))
+        except Exception as exc:  # a bug: said on screen, never a traceback over the panes
+            self._alert(AlertRaised("error", f"ERROR — internal: {exc!r}"))
         self._title()
 
     async def _pump(self, queue: asyncio.Queue[object]) -> None:
@@ -154,8 +156,11 @@ class ConsoleApp(App[str]):
             batch = [await queue.get()]
             while not queue.empty() and len(batch) < 10_000:
                 batch.append(queue.get_nowait())
-            for message in self.bridge.translate(batch, self.clock()):
-                self._route(message)
+            try:
+                for message in self.bridge.translate(batch, self.clock()):
+                    self._route(message)
+            except Exception as exc:  # one bad batch must not freeze the console
+                self._alert(AlertRaised("error", f"ERROR — internal: {exc!r}"))
 
     def _route(self, message: Message) -> None:
         if isinstance(message, (LogLines, RootCauseFound)):
