@@ -87,7 +87,8 @@ def ensure_venv(root: Path) -> str:
     (shim / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n")
     (shim / "INSTALLER").write_text("specconsole-lane\n")
     (shim / "RECORD").write_text("")
-    version = _run([str(venv / "bin" / "vllm"), "--version"], "running `vllm --version`")
+    version = _run([str(venv / "bin" / "vllm"), "--version"], "running `vllm --version`",
+                   _scratch_env(root))
     if VLLM_VERSION.split("+")[0] not in version:
         raise SetupFailed(f"`vllm --version` says {version.strip()!r}, not {VLLM_VERSION}")
     (venv / ".specconsole-lane").write_text(VLLM_PIN + "\n")
@@ -108,24 +109,28 @@ def ensure_models(root: Path) -> str:
         if d.exists():
             shutil.rmtree(d)
     python = str(root / "venv" / "bin" / "python")
-    _run([python, str(BUILDERS[0]), str(target)], "building the tiny Llama", OFFLINE)
+    env = {**OFFLINE, **_scratch_env(root)}
+    _run([python, str(BUILDERS[0]), str(target)], "building the tiny Llama", env)
     _run([python, str(BUILDERS[1]), str(target), str(drafter)], "building the EAGLE-3 drafter",
-         OFFLINE)
+         env)
     stamp.write_text(digest)
     return f"models built in {time.monotonic() - started:.0f} s ({models})"
 
 
-def ensure_scratch(root: Path) -> None:
-    """The profile's default TMPDIR and caches (a missing TMPDIR makes Python use /tmp)."""
-    for sub in ("tmp", "cache", "inductor"):
+def _scratch_env(root: Path) -> dict[str, str]:
+    """The profile's default TMPDIR and caches, made (a missing TMPDIR makes Python use /tmp):
+    torch and vLLM write nothing to /tmp or ~/.cache, here or when the profile runs."""
+    dirs = {"TMPDIR": "tmp", "VLLM_CACHE_ROOT": "cache", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
+    for sub in dirs.values():
         (root / "scratch" / sub).mkdir(parents=True, exist_ok=True)
+    return {name: str(root / "scratch" / sub) for name, sub in dirs.items()}
 
 
 def main() -> int:
     root = env_dir()
     try:
         done = [ensure_venv(root), ensure_models(root)]
-        ensure_scratch(root)
+        _scratch_env(root)
     except SetupFailed as e:
         print(f"vllm lane setup: {e}", file=sys.stderr)
         return 1
