@@ -227,6 +227,8 @@ def test_a_reaped_child_reported_failing_by_its_parent_is_a_death(cmd: str, code
     assert bool(died) is dead and (m.state is State.DEAD) is dead
     if dead:
         assert (died[0].death.pid, died[0].death.code, died[0].death.at) == (77, 1, T0 + 8)
+        assert died[0].death.process == "model inspection"  # named by its command line
+    assert m.names() == {77: "model inspection" if cmd == INSPECT_CMD else "python3"}
 
 
 def test_a_death_seen_before_the_log_names_its_process_is_renamed_by_the_log() -> None:

@@ -359,7 +359,7 @@ async def test_story_api_server_inspection_hits_it_first_locally(
                                      patched, line, server_only=False)
         # the inspection subprocess fails first (exit 1): a death, though not a vLLM role
         assert "vllm.model_executor.models.registry" in cmdline
-        assert died.death.code == 1
+        assert died.death.code == 1 and died.death.process == "model inspection"
         keep_log(w, lane_dir, "vllm-real-crash-inspection.log")
         await kill_and_verify(w, [])
 

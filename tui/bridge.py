@@ -93,7 +93,8 @@ class Bridge:
                 self.procs.update(event.procs)
                 procs_changed = True
             elif isinstance(event, ProcEnded):
-                self.procs.ended(event.pid, event.name, event.code, event.signal)
+                self.procs.ended(event.pid, self.sup.machine.name_of(event.pid, event.name),
+                                 event.code, event.signal)
                 procs_changed = True
             elif isinstance(event, GpusSeen):
                 self.gpus.add(event.gpus)
@@ -142,7 +143,7 @@ class Bridge:
                 run_changed = True
         flush_lines()
         if procs_changed:
-            out.append(ProcsChanged(self.procs.rows(self.sup.machine.log_names), now))
+            out.append(ProcsChanged(self.procs.rows(self.sup.machine.names()), now))
         if gpus_changed:
             out.append(GpusChanged(self.gpus.rows()))
         if run_changed:

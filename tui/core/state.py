@@ -62,6 +62,8 @@ _REPORTED_COMMAND = re.compile(r"Command '(\[.*?\])' returned non-zero exit stat
 _PENDING_MAX = 16
 # A line stamped this much before it was read is history (a replay on attach), not live.
 LATE_LINE_S = 2.0
+# Processes that log nothing under their own prefix, named by their command line.
+_ROLE_BY_COMMAND = (("vllm.model_executor.models.registry", "model inspection"),)
 # Heartbeats of a hang: lines that must not count as progress.
 _HANG_HEARTBEAT = "No available shared memory broadcast block found"
 
@@ -326,9 +328,26 @@ class LaunchMachine:
             self.procs[proc.pid] = proc
         return []
 
+    def name_of(self, pid: int, fallback: str) -> str:
+        """vLLM's name for a process: from the log's prefixes, else from its command line
+        (vLLM's model-inspection child logs nothing of its own), else the kernel's."""
+        name = self.log_names.get(pid)
+        if name is not None:
+            return name
+        proc = self.procs.get(pid)
+        if proc is not None:
+            for needle, role in _ROLE_BY_COMMAND:
+                if needle in proc.cmd:
+                    return role
+        return fallback
+
+    def names(self) -> dict[int, str]:
+        """Every known pid's name (see name_of), for the console's process tree."""
+        return {pid: self.name_of(pid, proc.name) for pid, proc in self.procs.items()}
+
     def feed_exit(self, ex: ProcExit, at: float) -> list[DomainEvent]:
         """A process of the run ended. The first server-process death is the run's death."""
-        name = self.log_names.get(ex.pid, ex.name)
+        name = self.name_of(ex.pid, ex.name)
         code = ex.code if ex.code is not None or ex.signal is not None \
             else self.reported_codes.get(name)
         ex = replace(ex, name=name, code=code)
