@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from helpers import carriers, sim_profile
 
 from tui.core.profile import load_profile
 from tui.core.state import Died, LineAdded, Ready, State
+from tui.remote import launcher
+from tui.remote.session import LocalSession
 from tui.supervisor import KillDone, LinkLost, LinkRestored, Supervisor
 
 
@@ -154,3 +157,16 @@ async def test_restart_kills_verifies_and_relaunches_as_a_new_run(tmp_path: Path
     finally:
         await sup.kill(1.0)
         await sup.close()
+
+
+async def test_gpu_checks_follow_the_gpus_free_switch(tmp_path: Path) -> None:
+    profile = load_profile(sim_profile(tmp_path, "ready"))
+    session = LocalSession()
+    try:
+        on = {c.check for c in await launcher.preflight(session, profile)}
+        off_profile = replace(profile, preflight=replace(profile.preflight, gpus_free=False))
+        off = {c.check for c in await launcher.preflight(session, off_profile)}
+    finally:
+        await session.close()
+    assert {"gpus_free", "gpu_count"} <= on
+    assert not {"gpus_free", "gpu_count"} & off  # a CPU-only profile is not warned about GPUs

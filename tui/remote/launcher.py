@@ -91,7 +91,8 @@ async def preflight(session: Session, profile: Profile) -> tuple[Check, ...]:
         "check_gpus": pf.gpus_free,
         "port": profile.server.port if pf.port_free else None,
         "paths": _paths_to_check(profile) if pf.paths_exist else [],
-        "expect_gpus": profile.server.tensor_parallel_size,
+        # "GPUs free" covers "enough GPUs": a CPU-only profile switches both off
+        "expect_gpus": profile.server.tensor_parallel_size if pf.gpus_free else None,
     }
     for ev in await call_agent(session, agent_target(profile), "preflight", spec):
         if isinstance(ev, Preflight):
