@@ -34,3 +34,16 @@ def cleanup() -> Iterator[list[str]]:
         for pid in carriers(run_id):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Launch history (sqlite) goes to a temporary directory, not the user's, for every test
+    and every command a test runs."""
+    saved = os.environ.get("SPECCONSOLE_DATA_DIR")
+    os.environ["SPECCONSOLE_DATA_DIR"] = str(tmp_path_factory.mktemp("data"))
+    yield
+    if saved is None:
+        del os.environ["SPECCONSOLE_DATA_DIR"]
+    else:
+        os.environ["SPECCONSOLE_DATA_DIR"] = saved

@@ -29,7 +29,8 @@ from tui.supervisor import RunInfo, RunStarted, Supervisor
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GIB = 2**30
-WEIGHTS_33 = 43  # lines of the startup fixture up to "shards: 33% Completed | 10/30"
+FIRST_BAR = 43  # lines of the startup fixture up to the first shard bar
+SHARDS_43 = "Loading safetensors checkpoint shards:  43% Completed | 13/30 [00:13<00:17,  1.50s/it]"
 STARTUP_T0 = float(calendar.timegm((2026, 9, 30, 14, 2, 10, 0, 0, 0)))
 CRASH_T0 = float(calendar.timegm((2026, 3, 2, 9, 14, 2, 0, 0, 0)))
 WORKERS = list(range(3011, 3019))
@@ -106,7 +107,7 @@ def _gpus(t0: float, at: float, gib: list[float]) -> Gpus:
 def loading_script() -> Script:
     """The startup fixture up to the weights at 33 %, 8 GPUs filling, one of them flat."""
     lines = (FIXTURES / "vllm-startup-ready.log").read_text().splitlines()
-    script = _timed(lines[:WEIGHTS_33], 0, STARTUP_T0)
+    script = _timed([*lines[:FIRST_BAR], SHARDS_43], 0, STARTUP_T0)
     _, last = _end(script)
     for step in range(12):
         gib = [4.0 + 3.0 * step] * 8
@@ -120,7 +121,7 @@ def ready_script() -> Script:
     lines = (FIXTURES / "vllm-startup-ready.log").read_text().splitlines()
     script, pid, t0 = loading_script()
     end, last = _end(script)
-    script += _timed(lines[WEIGHTS_33:], end, t0, last)
+    script += _timed(lines[FIRST_BAR:], end, t0, last)
     _, last = _end(script)
     script.append((last, _gpus(t0, last, [128.5] * 8)))
     script.append((last, _tree(2741, 2903, WORKERS, t0, last)))

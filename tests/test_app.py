@@ -13,6 +13,7 @@ import socket
 import stat
 import time
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from textual.pilot import Pilot
 from tui.app import ConsoleApp
 from tui.core.profile import HostConfig, load_profile
 from tui.core.state import State
+from tui.history import History, Launch
 from tui.remote.session import Session, open_session
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.help import HelpScreen
@@ -108,10 +110,15 @@ async def _story(tmp_path: Path, sup: Supervisor, cleanup: list[str]) -> None:
         assert "DEAD: Worker_TP" in text and "exit code 1" in text
         assert "kimi_k25_patched.py, line 15" in text
         assert "Engine core initialization failed" not in text
-        assert bells, "the terminal bell rang"
+        await pilot.pause(0.6)  # the cause and exit code arrive in updates: one bell only
+        assert len(bells) == 1, "the terminal bell rang once"
         await until(pilot, lambda: any("DEAD" in " ".join(c) for c in tmux_calls(record)),
                     what="the tmux window renamed")
-        assert tmux_calls(record)[0][:3] == ["rename-window", "-t", "%3"]
+        calls = tmux_calls(record)
+        assert calls[0][:3] == ["rename-window", "-t", "%3"]
+        assert [c[0] for c in calls].count("rename-window") == 1  # once per death
+        await until(pilot, lambda: any(c[0] == "display-message" and "DEAD" in c[-1]
+                                       for c in tmux_calls(record)), 5, "a tmux message")
         # the timeline marks the phase it died in; the status line says it in words
         timeline = str(app.query_one(TimelinePane).render())
         assert "✗" in timeline
@@ -266,20 +273,22 @@ async def test_log_keys_search_raw_follow(tmp_path: Path, cleanup: list[str]) ->
         await pilot.press("f")
         assert not view.raw
         await pilot.press("slash")
-        await pilot.press(*"SyntaxError")
+        await pilot.press(*"Traceback|SyntaxError")
         await pilot.press("enter")
-        assert pane.match_count >= 1 and view.current_match is not None
-        first = view.current_match
-        line = view.window.view(False)[first].line.plain
-        assert "SyntaxError" in line
+        assert pane.match_count >= 2 and view.match_offset is not None
+        first = view.match_offset
+        shown = view.window.view(False)
+        assert re.search("Traceback|SyntaxError", shown[view.window.find(first, False)].line.plain)
         await pilot.press("n")
-        assert view.current_match is not None
+        assert view.match_offset is not None and view.match_offset != first
         await pilot.press("N")
-        assert view.current_match == first
+        assert view.match_offset == first
+        await pilot.press("f", "f")  # raw and back: the match is held by offset
+        assert view.match_offset == first
         await pilot.press("slash", *"([bad", "enter")  # not a regex: said, search kept
-        assert pane.search_text == "SyntaxError"
-        await pilot.press("escape")
-        view.focus()
+        assert pane.search_text == "Traceback|SyntaxError"
+        await pilot.press("escape")  # closes the search box, back to the lines
+        assert not app.query_one("#log-search").display and view.has_focus
         await pilot.press("space")
         assert view.following
         await pilot.press("space")
@@ -365,9 +374,12 @@ async def test_scrolling_past_the_capped_buffer_fetches_older_lines(
         for line in held:  # each fetched line is the file's text at its byte offset
             assert data[line.offset:].split(b"\n", 1)[0].decode() == line.raw
         assert "scrolled back" in str(app.query_one("#log-header").render())
-        await pilot.press("space")  # follow again: re-anchored at the live end
+        await pilot.press("space")  # follow again: back at the live end, no line missing
         await until(pilot, lambda: not view.window.detached, 10, "re-anchored")
-        assert view.window.view(True)[-1].end >= first_held
+        await pilot.pause(0.5)
+        held = list(view.window.view(True))
+        assert held[-1].end == sup.log_end and len(held) == 40
+        assert all(a.end == b.line.offset for a, b in pairwise(held))
         await sup.kill(1.0)
 
 
@@ -386,6 +398,36 @@ async def test_preflight_refusal_is_on_screen_and_nothing_launches(tmp_path: Pat
             timeline = str(app.query_one(TimelinePane).render())
             assert "preflight" in timeline and "✗" in timeline
             assert sup.run is None
+            await pilot.pause(1.2)  # a clock tick must not turn the status back to "connecting"
+            assert status_text(app).startswith("preflight refused the launch")
             await pilot.press("q")
         assert app.return_value == "nothing of this profile is running"
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+async def test_history_eta_smoke_and_spec_decoding_on_screen(tmp_path: Path,
+                                                             cleanup: list[str]) -> None:
+    profile = load_profile(sim_profile(tmp_path, "ready", time_scale=300,
+                                       extra="[smoke]\nenabled = true\n"))
+    history = History(tmp_path / "h.sqlite3")
+    history.record(Launch("ready-earlier", profile.key, profile.host.target, time.time() - 3600,
+                          "ready", took=1500.0,
+                          phases=(("reading config", 1.0, 300.0), ("loading weights", 301.0,
+                                                                   900.0))))
+    sup = Supervisor(profile, history=history)
+    sup.metrics_interval = 1.0
+    app = ConsoleApp(sup, kill_grace=1.0)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await until(pilot, lambda: sup.run is not None, what="launch")
+        cleanup.append(sup.run.run_id)
+        timeline = app.query_one(TimelinePane)
+        await until(pilot, lambda: "last launch" in str(timeline.render()), 10, "last launch")
+        assert "READY in 25m00s" in str(timeline.render())
+        await until(pilot, lambda: "usually 5m00s" in str(timeline.render()), 20, "usual")
+        await until(pilot, lambda: "smoke request answered" in banner_text(app), 30, "smoke")
+        assert "“Hello" in banner_text(app)
+        await until(pilot, lambda: "speculative decoding" in str(timeline.render())
+                    and "pos 4" in str(timeline.render()), 30, "the spec-decode readout")
+        await until(pilot, lambda: "/metrics:" in str(timeline.render()), 30, "the counters")
+        await sup.kill(1.0)
+    assert history.get(sup.run.run_id).outcome == "ready"

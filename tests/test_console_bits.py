@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,40 @@ def test_log_lines_keep_vllm_colours_and_nothing_else() -> None:
     prefix = next(span for span in text.spans if span.start == 0)
     assert prefix.end == len("(Worker_TP0 pid=3011)")
     assert Style.parse(str(prefix.style)).color.number == 6  # vLLM's cyan prefix survives
+
+
+def test_host_text_is_cleaned_before_it_can_reach_the_screen() -> None:
+    from tui.core.protocol import decode
+
+    fault = decode(json.dumps({"v": 1, "t": "error", "kind": "nvml",
+                               "message": "bad \x1b]52;c;ZXZpbA==\x07\x1b[2Jthing"}))
+    assert fault.message == "bad thing"
+    procs = decode(json.dumps({"v": 1, "t": "procs", "time": 1.0, "procs": [
+        {"pid": 1, "name": "x\x1b]0;title\x07", "cmd": "c\x1b[H"}]}))
+    assert (procs.procs[0].name, procs.procs[0].cmd) == ("x", "c")
+    log = decode(json.dumps({"v": 1, "t": "log", "off": 0, "end": 9, "lines": ["\x1b[31mred"]}))
+    assert log.lines == ("\x1b[31mred",)  # kept as written: colours and offsets stay true
+    hello = decode(json.dumps({"v": 1, "t": "hello", "redact": ["sec\x1bret"], "time": 0}))
+    assert hello.redact == ("sec\x1bret",)  # a secret is matched as it is, never altered
+
+
+async def test_banner_and_log_lines_draw_no_escape_or_tab() -> None:
+    from textual.app import App
+
+    from tui.core.logline import parse_line
+    from tui.core.logwindow import Entry, LogWindow
+    from tui.widgets.banner import Banner
+    from tui.widgets.logs import LogView
+
+    class Probe(App[None]):
+        def compose(self):
+            yield Banner()
+
+    app = Probe()
+    async with app.run_test():
+        banner = app.query_one(Banner)
+        banner.show("error", "agent: \x1b]52;c;ZXZpbA==\x07boom\x1b[2J", "why\x1b]0;t\x07 here")
+        assert str(banner.render()) == "agent: boom\nwhy here"
+    line = parse_line("\x1b[1;36m(Worker_TP0 pid=1)\x1b[0;0m a\tb", 0)
+    text = LogView(LogWindow()).line_text(Entry(line, None), current=False)
+    assert text.plain == "(Worker_TP0 pid=1) a    b"  # to the next tab stop, as a terminal

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import calendar
 import re
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,8 @@ from tui.core.logwindow import Entry, LogWindow
 from tui.core.noise import rule_from_pattern
 from tui.core.phases import Phase
 from tui.core.proctree import ProcTree
-from tui.core.protocol import GpuInfo, GpuProc, Gpus, ProcInfo, Procs
-from tui.core.state import Death, LaunchMachine, Stalled, State
+from tui.core.protocol import GpuInfo, GpuProc, Gpus, Health, ProcInfo, Procs
+from tui.core.state import Death, LaunchMachine, Ready, Stalled, State
 from tui.core.status import RunView, status_line, timeline_rows
 from tui.core.timeline import PhaseSpan
 
@@ -57,10 +58,13 @@ def test_window_prepends_older_pages_and_detaches_past_the_cap() -> None:
     assert w.detached and len(w) == 6
     assert [e.line.plain for e in w.view(True)] == lines[3:9]  # the newest went
     w.append(entries(["line 12"], all_entries[-1].end))
-    assert w.missed == 1 and len(w) == 6  # counted, not kept, while scrolled back
-    w.reset(all_entries[-4:])
+    assert w.missed == 1 and len(w) == 6  # beside the window while scrolled back
+    assert [e.line.plain for e in w.view(True)] == lines[3:9]
+    w.resume()  # follow again: the newest lines, contiguous, nothing fetched
     assert not w.detached and w.missed == 0
-    assert [e.line.plain for e in w.view(True)] == lines[8:]
+    held = list(w.view(True))
+    assert [e.line.plain for e in held] == [*lines[7:], "line 12"]
+    assert all(a.end == b.line.offset for a, b in pairwise(held))
 
 
 def test_window_finds_offsets_and_matches_in_the_current_view() -> None:
@@ -216,3 +220,21 @@ def test_attach_replays_phases_at_the_times_they_were_logged() -> None:
     live.started(1, launched, launched + 1)
     live.feed_lines([(0, lines.splitlines()[0])], launched + 1.5)
     assert live.timeline.spans[0].start == launched + 1.5  # a live line counts from now
+
+
+def test_attach_to_a_server_ready_long_ago_reports_its_real_load_time() -> None:
+    lines = (Path(__file__).parent / "fixtures" / "vllm-startup-ready.log").read_text()
+    launched = calendar.timegm((2026, 9, 30, 14, 2, 10, 0, 0, 0))
+    attach_at = launched + 3 * 86400.0  # three days of serving later
+    machine = LaunchMachine()
+    machine.started(1, launched, attach_at)
+    offset, fed = 0, []
+    for raw in lines.splitlines():
+        fed.append((offset, raw))
+        offset += len(raw.encode()) + 1
+    machine.feed_lines(fed, attach_at)
+    machine.feed_health(Health(True, "/health", 200, attach_at), attach_at)
+    ready = next(e for e in machine.feed_health(Health(True, "/v1/models", 200, attach_at),
+                                                 attach_at) if isinstance(e, Ready))
+    assert 150 < ready.took < 200  # the log's "Application startup complete", not 3 days
+    assert machine.state is State.READY

@@ -19,6 +19,15 @@ def window_name_command(text: str, env: Mapping[str, str]) -> list[str] | None:
     return ["tmux", "rename-window", *(["-t", target] if target else []), text]
 
 
+def display_command(text: str, env: Mapping[str, str]) -> list[str] | None:
+    """`tmux display-message` in this console's client (seen from any window), or None."""
+    if not env.get("TMUX"):
+        return None
+    target = env.get("TMUX_PANE")
+    return ["tmux", "display-message", *(["-t", target] if target else []),
+            strip_escapes(text).replace("#", "##")]
+
+
 def restore_command(env: Mapping[str, str]) -> list[str] | None:
     """Give the window its automatic name back when the console exits."""
     if not env.get("TMUX"):
@@ -46,11 +55,15 @@ async def run_quietly(argv: list[str], env: Mapping[str, str]) -> None:
             raise
 
 
-async def announce(text: str, env: Mapping[str, str]) -> None:
-    """Name the tmux window (or title the terminal) after the run's state."""
+async def announce(text: str, env: Mapping[str, str], message: str | None = None) -> None:
+    """Name the tmux window (or title the terminal) after the run's state, and flash
+    `message` in tmux's status line."""
     argv = window_name_command(text, env)
     if argv is not None:
         await run_quietly(argv, env)
+        shown = display_command(message, env) if message else None
+        if shown is not None:
+            await run_quietly(shown, env)
     else:
         stream = sys.__stderr__
         if stream is not None and stream.isatty():

@@ -32,19 +32,21 @@ from tui.keys import KEYS, bindings
 from tui.messages import (
     AlertRaised,
     GpusChanged,
+    HistoryShown,
     LogLines,
     PreflightShown,
     ProcsChanged,
     RootCauseFound,
     RunChanged,
     RunReset,
+    SpecDecodeChanged,
 )
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.help import HelpScreen
 from tui.supervisor import Supervisor
 from tui.widgets.banner import Banner
 from tui.widgets.gpus import GpuPane
-from tui.widgets.logs import LogPane, LogView, NeedOlder, NeedTail
+from tui.widgets.logs import LogPane, LogView, NeedOlder
 from tui.widgets.procs import ProcPane
 from tui.widgets.timeline import TimelinePane
 
@@ -53,7 +55,6 @@ PANE_TITLES = {"pane-gpus": "GPUs", "pane-procs": "Processes", "pane-logs": "Log
                "pane-timeline": "Timeline"}
 NARROW_BELOW = (120, 36)  # columns, rows: below either, panes collapse to tabs
 PAGE_BYTES = 256 * 1024  # one scroll-back page fetched from the host
-TAIL_BYTES = 1024 * 1024  # what following again loads after scrolling far back
 WINDOW_MARKS = {"dead": "✗ DEAD", "stalled": "⚠ STALLED", "ready": "✓ READY"}
 
 
@@ -81,6 +82,7 @@ class ConsoleApp(App[str]):
         self.narrow = False
         self.busy = False  # a kill or restart is running
         self.demo_stopped = False
+        self.idle_text = ""  # why nothing is watched, when nothing is
         self.last_state: State | None = None
 
     # -- layout ----------------------------------------------------------------------------
@@ -132,7 +134,7 @@ class ConsoleApp(App[str]):
         state = sup.machine.state.value.upper()
         title = Text.assemble((f" {state} ", "bold reverse"), f" {sup.profile.key}{what}",
                               (" · simulated engine" if self.demo else "", "italic"),
-                              (" · specconsole", "dim"))
+                              (" · specconsole", "dim"), no_wrap=True, overflow="ellipsis")
         self.query_one("#title", Static).update(title)
 
     # -- the supervisor --------------------------------------------------------------------
@@ -145,11 +147,19 @@ class ConsoleApp(App[str]):
         except PreflightFailed as exc:
             self._alert(AlertRaised("error", "PREFLIGHT REFUSED — nothing was launched",
                                     str(exc)))
+            self._idle("preflight refused the launch · fix it, then r to try again")
         except SpecconsoleError as exc:
             self._alert(AlertRaised("error", f"ERROR — {exc}"))
+            self._idle("not watching anything · r to launch, q to quit")
         except Exception as exc:  # a bug: said on screen, never a traceback over the panes
             self._alert(AlertRaised("error", f"ERROR — internal: {exc!r}"))
+            self._idle("not watching anything · q to quit")
         self._title()
+
+    def _idle(self, text: str) -> None:
+        """No run to watch: the status line says so (and the clock stops ticking it)."""
+        self.idle_text = text
+        self.query_one("#status", Static).update(text)
 
     async def _pump(self, queue: asyncio.Queue[object]) -> None:
         while True:
@@ -169,7 +179,7 @@ class ConsoleApp(App[str]):
             self.query_one(ProcPane).post_message(message)
         elif isinstance(message, GpusChanged):
             self.query_one(GpuPane).post_message(message)
-        elif isinstance(message, PreflightShown):
+        elif isinstance(message, (PreflightShown, HistoryShown, SpecDecodeChanged)):
             self.query_one(TimelinePane).post_message(message)
         elif isinstance(message, RunChanged):
             self.query_one(TimelinePane).post_message(message)
@@ -184,6 +194,8 @@ class ConsoleApp(App[str]):
             self._title()
 
     def _status(self, message: RunChanged) -> None:
+        if self.sup.run is None and self.idle_text:
+            return
         self.query_one("#status", Static).update(status_line(message.view, message.now))
         if message.view.state is not self.last_state:
             self.last_state = message.view.state
@@ -192,9 +204,10 @@ class ConsoleApp(App[str]):
     def _alert(self, alert: AlertRaised) -> None:
         self.query_one(Banner).post_message(alert)
         mark = WINDOW_MARKS.get(alert.kind)
-        if mark is not None:
+        if mark is not None and alert.ring:
             self.bell()
-            self.run_worker(announce(f"{mark} {self.sup.profile.key}", self.env),
+            flash = f"specconsole: {alert.title}" if self.sup.profile.alerts.tmux else None
+            self.run_worker(announce(f"{mark} {self.sup.profile.key}", self.env, flash),
                             exit_on_error=False)
 
     def _tick(self) -> None:
@@ -209,17 +222,14 @@ class ConsoleApp(App[str]):
         self.run_worker(self._older(message.before), exit_on_error=False)
 
     async def _older(self, before: int) -> None:
-        lines = await self.sup.read_log(max(0, before - PAGE_BYTES), before)
-        self.query_one(LogView).prepend([Entry(e.line, e.rule) for e in lines])
-        self.query_one(LogPane).update_header()
-
-    def on_need_tail(self, message: NeedTail) -> None:
-        self.run_worker(self._tail(), exit_on_error=False)
-
-    async def _tail(self) -> None:
-        end = self.sup.log_end
-        lines = await self.sup.read_log(max(0, end - TAIL_BYTES), end)
-        self.query_one(LogView).reanchor([Entry(e.line, e.rule) for e in lines])
+        view = self.query_one(LogView)
+        try:
+            lines = await self.sup.read_log(max(0, before - PAGE_BYTES), before)
+        except (SpecconsoleError, OSError) as exc:
+            view.forget_request()  # scrolling up again asks again
+            self.notify(f"older lines could not be read: {exc}", severity="warning")
+            return
+        view.prepend([Entry(e.line, e.rule) for e in lines])
         self.query_one(LogPane).update_header()
 
     # -- actions ---------------------------------------------------------------------------
@@ -318,6 +328,10 @@ class ConsoleApp(App[str]):
         await self.action_quit_console()
 
     async def action_quit_console(self) -> None:
+        if self.busy:
+            self.notify("a kill or restart is running: quit once it has ended",
+                        severity="warning")
+            return
         run, host = self.sup.run, self.sup.profile.host.target
         if self.demo and run is not None:
             message = "demo: stopped the simulated server; nothing is left running"

@@ -7,6 +7,8 @@ messages the widgets need. No drawing here, and no SSH, parsing or process logic
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from textual.message import Message
@@ -15,6 +17,7 @@ from tui.core.describe import death_lines, duration, gpu_verdict
 from tui.core.gpuview import GpuHistory
 from tui.core.logwindow import Entry
 from tui.core.proctree import ProcTree
+from tui.core.specdecode import SpecDecodeInterval, SpecDecodeTotals
 from tui.core.state import (
     CauseUpdated,
     Died,
@@ -26,19 +29,23 @@ from tui.core.state import (
     StateChanged,
 )
 from tui.core.status import RunView, view_of
+from tui.history import Launch
 from tui.messages import (
     AlertRaised,
     GpusChanged,
+    HistoryShown,
     LogLines,
     PreflightShown,
     ProcsChanged,
     RootCauseFound,
     RunChanged,
     RunReset,
+    SpecDecodeChanged,
 )
 from tui.supervisor import (
     Fatal,
     GpusSeen,
+    HistoryLoaded,
     KillDone,
     KillProgress,
     LinkLost,
@@ -48,8 +55,20 @@ from tui.supervisor import (
     ProcEnded,
     ProcsSeen,
     RunStarted,
+    SmokeDone,
+    SpecDecodeSeen,
     Supervisor,
 )
+
+SPEC_TREND = 30  # logging intervals kept for the acceptance trend
+
+
+def previous_text(previous: Launch | None) -> str:
+    """`last launch 12-02 14:03: READY in 24m50s`, or nothing for a first launch."""
+    if previous is None:
+        return ""
+    when = time.strftime("%m-%d %H:%M", time.localtime(previous.started))
+    return f"last launch {when}: {previous.summary()}"
 
 
 @dataclass
@@ -61,17 +80,21 @@ class Bridge:
     ready_took: float | None = None
     link: str | None = None
     kill_steps: list[str] = field(default_factory=list)
+    usual: dict[str, float] = field(default_factory=dict)
+    spec_interval: SpecDecodeInterval | None = None
+    spec_totals: SpecDecodeTotals | None = None
+    spec_trend: deque[float] = field(default_factory=lambda: deque(maxlen=SPEC_TREND))
     _cause_offset: int | None = None
 
     def view(self) -> RunView:
         return view_of(self.sup.machine, stalled=self.stalled, ready_took=self.ready_took,
-                       link=self.link)
+                       link=self.link, usual=self.usual)
 
     def translate(self, events: list[object], now: float) -> list[Message]:
         """Messages for a batch of events, in order; snapshots once per batch."""
         out: list[Message] = []
         lines: list[Entry] = []
-        procs_changed = gpus_changed = run_changed = False
+        procs_changed = gpus_changed = run_changed = spec_changed = False
 
         def flush_lines() -> None:
             if lines:
@@ -87,6 +110,8 @@ class Bridge:
                 self.procs, self.gpus = ProcTree(), GpuHistory()
                 self.stalled = self.ready_took = self._cause_offset = None
                 self.kill_steps = []
+                self.spec_interval = self.spec_totals = None
+                self.spec_trend.clear()
                 out.append(RunReset(event.run.run_id, event.run.pid, event.run.attached))
                 procs_changed = gpus_changed = run_changed = True
             elif isinstance(event, ProcsSeen):
@@ -106,12 +131,13 @@ class Bridge:
             elif isinstance(event, Stalled):
                 self.stalled = event
                 out.append(AlertRaised("stalled", "STALLED — " + event.summary(),
-                                       "the server is alive but nothing moves"))
+                                       "the server is alive but nothing moves", ring=True))
                 run_changed = True
             elif isinstance(event, Ready):
                 self.ready_took = event.took
                 out.append(AlertRaised("ready", f"READY — took {duration(event.took)}",
-                                       f"serving on port {self.sup.profile.server.port}"))
+                                       f"serving on port {self.sup.profile.server.port}",
+                                       ring=True))
                 run_changed = True
             elif isinstance(event, StateChanged):
                 run_changed = True
@@ -123,6 +149,15 @@ class Bridge:
                 run_changed = True
             elif isinstance(event, PreflightDone):
                 out.append(PreflightShown(event.checks))
+            elif isinstance(event, HistoryLoaded):
+                self.usual = dict(event.usual)
+                out.append(HistoryShown(previous_text(event.previous)))
+                run_changed = True
+            elif isinstance(event, SmokeDone):
+                out.append(self._smoke(event))
+            elif isinstance(event, SpecDecodeSeen):
+                self.spec_totals = event.totals
+                spec_changed = True
             elif isinstance(event, KillProgress):
                 step = event.step
                 self.kill_steps.append(f"{step.step} {' '.join(map(str, step.pids)) or '—'}")
@@ -131,7 +166,9 @@ class Bridge:
                 out.append(self._killed(event))
                 procs_changed = run_changed = True
             elif isinstance(event, Fatal):
+                self.link = "NOT WATCHING (restart the console or press r)"
                 out.append(AlertRaised("error", "ERROR — " + event.text))
+                run_changed = True
             elif isinstance(event, Notice):
                 out.append(AlertRaised("warning" if event.level == "warning" else "info",
                                        event.text))
@@ -142,6 +179,14 @@ class Bridge:
             else:  # phase and progress changes, helper notes: the run view moved
                 run_changed = True
         flush_lines()
+        interval = self.sup.machine.spec_decode
+        if interval is not None and interval is not self.spec_interval:
+            self.spec_interval = interval
+            self.spec_trend.append(interval.acceptance_rate)
+            spec_changed = True
+        if spec_changed:
+            out.append(SpecDecodeChanged(self.spec_interval, self.spec_totals,
+                                         tuple(self.spec_trend)))
         if procs_changed:
             out.append(ProcsChanged(self.procs.rows(self.sup.machine.names()), now))
         if gpus_changed:
@@ -153,11 +198,21 @@ class Bridge:
     def _death(self, event: Died | CauseUpdated) -> list[Message]:
         death = event.death
         head, *rest = death_lines(death)
-        out: list[Message] = [AlertRaised("dead", head, "\n".join(rest))]
+        out: list[Message] = [AlertRaised("dead", head, "\n".join(rest),
+                                          ring=isinstance(event, Died))]
         if death.cause is not None and death.cause.offset != self._cause_offset:
             self._cause_offset = death.cause.offset
             out.append(RootCauseFound(death.cause.offset, death.cause.line))
         return out
+
+    def _smoke(self, event: SmokeDone) -> AlertRaised:
+        took = f" (took {duration(self.ready_took)})" if self.ready_took is not None else ""
+        if not event.ok:
+            return AlertRaised("warning", f"UP BUT NOT SERVING{took} — the smoke request failed",
+                               event.error)
+        tokens = f", {event.tokens} tokens" if event.tokens is not None else ""
+        return AlertRaised("ready", f"READY{took} · serving: smoke request answered in "
+                                    f"{event.seconds:.2f}s{tokens}", f"“{event.first_line}”")
 
     def _link(self, event: LinkLost | LinkRestored) -> list[Message]:
         if isinstance(event, LinkLost):

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
+import sqlite3
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -22,8 +24,9 @@ from tui.core.logline import strip_escapes
 from tui.core.phases import Phase
 from tui.core.profile import Profile, load_profile, parse_duration
 from tui.core.state import Died, LineAdded, ProgressChanged, Ready, Stalled, State
+from tui.history import History, diff
 from tui.remote import launcher
-from tui.supervisor import Fatal, LinkLost, LinkRestored, Notice, Supervisor
+from tui.supervisor import CAUSE_GRACE_S, Fatal, LinkLost, LinkRestored, Notice, Supervisor
 
 EXIT_READY = 0
 EXIT_ERROR = 1
@@ -33,7 +36,6 @@ EXIT_TIMEOUT = 4
 EXIT_STALLED = 5
 EXIT_PREFLIGHT = 6
 
-CAUSE_GRACE_S = 0.5  # after a death, how long `wait` lets late log lines sharpen the cause
 
 
 def _err(message: str) -> None:
@@ -126,7 +128,7 @@ def _link_text(event: LinkLost | LinkRestored | Notice) -> str:
 
 
 async def cmd_wait(args: argparse.Namespace) -> int:
-    sup = Supervisor(_profile(args.profile))
+    sup = Supervisor(_profile(args.profile), history=History())
     try:
         return await _wait(sup, args, _Printer(args.json))
     finally:
@@ -134,7 +136,7 @@ async def cmd_wait(args: argparse.Namespace) -> int:
 
 
 async def cmd_launch(args: argparse.Namespace) -> int:
-    sup = Supervisor(_profile(args.profile))
+    sup = Supervisor(_profile(args.profile), history=History())
     try:
         run = await sup.launch(skip_preflight=args.skip_preflight)
         print(f"launched run {run.run_id} on {sup.profile.host.target} (pid {run.pid}); "
@@ -263,6 +265,46 @@ def _print_checks(checks: Sequence[Any]) -> None:
         print(f"{mark} {c.check}: {c.message}")
 
 
+# -- history -----------------------------------------------------------------------------------
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """Past launches (newest first), or what changed between two of them."""
+    history = History()
+    try:
+        return _history(history, args)
+    except LookupError as exc:
+        _err(str(exc).strip("'\""))
+        return EXIT_USAGE
+    except (sqlite3.Error, OSError) as exc:
+        _err(f"{history.path}: {exc}")
+        return EXIT_ERROR
+
+
+def _history(history: History, args: argparse.Namespace) -> int:
+    if args.diff:
+        a, b = (history.get(run_id) for run_id in args.diff)
+        missing = [r for r, x in zip(args.diff, (a, b), strict=True) if x is None]
+        if missing or a is None or b is None:
+            _err(f"no launch {', '.join(missing)} in {history.path}")
+            return EXIT_USAGE
+        changes = diff(a, b)
+        print(f"{a.run_id} → {b.run_id}")
+        for line in changes or ["nothing changed"]:
+            print(f"  {line}")
+        return 0
+    key = _profile(args.profile).key if args.profile else None
+    launches = history.launches(key, limit=args.limit)
+    if not launches:
+        print(f"no launches recorded{' of ' + key if key else ''} ({history.path})")
+        return 0
+    for launch in launches:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(launch.started))
+        version = f" vllm {launch.engine_version}" if launch.engine_version else ""
+        print(strip_escapes(f"{when}  {launch.run_id}  {launch.profile}{version}  "
+                            f"{launch.summary()}"))
+    return 0
+
+
 # -- explain, demo ---------------------------------------------------------------------------
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -292,7 +334,7 @@ async def cmd_demo_headless(args: argparse.Namespace) -> int:
     from tui.sim.demo import demo_profile
 
     profile = demo_profile(args.scenario, args.time_scale)
-    sup = Supervisor(profile)
+    sup = Supervisor(profile, history=History())
     out = _Printer(False)
     try:
         # engine-killed dies while serving: keep watching past READY to show the death
@@ -313,7 +355,8 @@ def cmd_demo(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
     from tui.sim.demo import demo_profile
 
     profile = demo_profile(args.scenario, args.time_scale)
-    return _run_console(Supervisor(profile), launch=True, demo=True, kill_grace=2.0,
+    return _run_console(Supervisor(profile, history=History()), launch=True, demo=True,
+                        kill_grace=2.0,
                         profile_arg=f"demo --scenario {args.scenario}")
 
 
@@ -330,8 +373,17 @@ def cmd_console(args: argparse.Namespace) -> int:
         if chosen is None:
             return 0
         name = str(chosen)
-    return _run_console(Supervisor(_profile(name)), launch=not args.no_launch,
+    return _run_console(Supervisor(_profile(name), history=History()),
+                        launch=not args.no_launch,
                         profile_arg=name)
+
+
+def settle_heap() -> None:
+    """Before the console runs: what is alive now (modules, classes, most of the heap) leaves
+    the garbage collector's full passes, which under a log firehose otherwise stop the screen
+    for 100 ms and more about once a second (tests/bench/firehose.py)."""
+    gc.collect()
+    gc.freeze()
 
 
 def _run_console(sup: Supervisor, *, launch: bool, profile_arg: str, demo: bool = False,
@@ -340,6 +392,7 @@ def _run_console(sup: Supervisor, *, launch: bool, profile_arg: str, demo: bool 
 
     app = ConsoleApp(sup, launch=launch, demo=demo, kill_grace=kill_grace,
                      profile_arg=profile_arg)
+    settle_heap()
     try:
         message = app.run()
     finally:
@@ -369,7 +422,8 @@ def list_profiles() -> list[Path]:
 
 # -- parsing ---------------------------------------------------------------------------------
 
-COMMANDS = ("launch", "wait", "status", "kill", "logs", "check", "explain", "demo", "console")
+COMMANDS = ("launch", "wait", "status", "kill", "logs", "check", "explain", "history", "demo",
+            "console")
 PROFILE_DIRS = (Path("profiles"), Path("~/.config/specconsole/profiles").expanduser())
 
 
@@ -453,6 +507,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("logfile")
     sp.add_argument("--engine", default="vllm", choices=["vllm"])
     sp.add_argument("--json", action="store_true")
+
+    sp = add("history", "past launches and how they ended; --diff A B: what changed",
+             cmd_history)
+    sp.add_argument("profile", nargs="?")
+    sp.add_argument("--diff", nargs=2, metavar=("A", "B"), help="two run ids (or prefixes)")
+    sp.add_argument("--limit", type=int, default=20)
 
     sp = add("demo", "the simulated engine, locally: no GPU, no SSH, no setup",
              cmd_demo)

@@ -18,11 +18,14 @@ class Key:
     display: str | None = None
 
 
-KEYS: tuple[Key, ...] = (
-    Key("restart", "r", "restart", "Restart",
-        "Kill this run (after you confirm), check nothing is left, launch a new run"),
+KEYS: tuple[Key, ...] = (  # the footer shows them in this order: the vital ones first
+    Key("quit", "q", "quit_console", "Quit",
+        "Leave the console; the server keeps running (the demo stops its own)"),
+    Key("help", "question_mark", "help", "Help", "These keys", display="?"),
     Key("kill", "k", "kill", "Kill",
         "TERM the run's process group, KILL after the grace, sweep by run id, verify"),
+    Key("restart", "r", "restart", "Restart",
+        "Kill this run (after you confirm), check nothing is left, launch a new run"),
     Key("raw", "f", "toggle_raw", "Raw/filtered",
         "Show every line, or hide the noise rules' lines (counted in the log header)"),
     Key("search", "slash", "search", "Search", "Search the log by regular expression",
@@ -35,9 +38,6 @@ KEYS: tuple[Key, ...] = (
         "Move to the next pane (on a small terminal: show it)"),
     Key("prev-pane", "shift+tab", "prev_pane", "Previous pane", "Move to the previous pane",
         show=False),
-    Key("help", "question_mark", "help", "Help", "These keys", display="?"),
-    Key("quit", "q", "quit_console", "Quit",
-        "Leave the console; the server keeps running (the demo stops its own)"),
 )
 
 

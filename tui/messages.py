@@ -14,6 +14,7 @@ from tui.core.gpuview import GpuRow
 from tui.core.logwindow import Entry
 from tui.core.proctree import ProcRow
 from tui.core.protocol import Check
+from tui.core.specdecode import SpecDecodeInterval, SpecDecodeTotals
 from tui.core.status import RunView
 
 
@@ -65,6 +66,7 @@ class AlertRaised(Message):
     kind: str
     title: str
     detail: str = ""
+    ring: bool = False  # a transition (DEAD, STALLED, READY): bell and tmux, once
 
 
 @dataclass
@@ -79,3 +81,23 @@ class RunReset(Message):
     run_id: str
     pid: int
     attached: bool
+
+
+@dataclass
+class HistoryShown(Message):
+    """How this profile's previous launch ended, in words (empty: no earlier launch)."""
+
+    text: str
+
+
+@dataclass
+class SpecDecodeChanged(Message):
+    """The speculative-decoding readout: the last logging interval, the server's counters,
+    and the acceptance rate of the recent intervals (the trend)."""
+
+    interval: SpecDecodeInterval | None
+    totals: SpecDecodeTotals | None
+    trend: tuple[float, ...]
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, SpecDecodeChanged)

@@ -10,21 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tui.core.command import redact
+from tui.core.command import redact, shell_join
+from tui.core.describe import duration
 from tui.core.errors import (
     ConnectionLost,
     HostUnreachable,
     PreflightFailed,
     RunNotFound,
     SessionError,
+    SpecconsoleError,
 )
-from tui.core.logline import parse_line
+from tui.core.logline import parse_line, strip_escapes
 from tui.core.noise import NoiseFilter, builtin_rules, rule_from_pattern
 from tui.core.profile import Profile
 from tui.core.protocol import (
@@ -33,16 +37,31 @@ from tui.core.protocol import (
     Gpus,
     Health,
     Hello,
+    HttpReply,
     Killed,
     KillStep,
     LogChunk,
+    Metrics,
     ProcExit,
     Procs,
     RunExit,
     RunRecord,
     Secrets,
 )
-from tui.core.state import DomainEvent, LaunchMachine, LineAdded, State
+from tui.core.specdecode import SpecDecodeTotals, parse_totals
+from tui.core.state import (
+    CauseUpdated,
+    Died,
+    DomainEvent,
+    LaunchMachine,
+    LineAdded,
+    Ready,
+    Stalled,
+    State,
+    StateChanged,
+)
+from tui.history import History, Launch
+from tui.hooks import hook_env, run_hook
 from tui.remote import launcher
 from tui.remote.agent_link import stream_agent
 from tui.remote.session import Session, check_python, open_session
@@ -50,6 +69,8 @@ from tui.remote.session import Session, check_python, open_session
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 10.0
 TICK_S = 0.5
+METRICS_S = 10.0  # how often the watch reads the server's spec-decode counters
+CAUSE_GRACE_S = 0.5  # after a death, how long late log lines may sharpen the cause
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +145,33 @@ class ProcEnded:
 
 
 @dataclass(frozen=True, slots=True)
+class HistoryLoaded:
+    """The profile's previous launch on this host, and each phase's usual duration."""
+
+    previous: Launch | None
+    usual: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class SmokeDone:
+    """The smoke request after READY: answered (latency, tokens, first line) or not."""
+
+    ok: bool
+    seconds: float
+    tokens: int | None
+    first_line: str
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SpecDecodeSeen:
+    """The server's speculative-decoding counters (/metrics, totals since start)."""
+
+    totals: SpecDecodeTotals
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
 class KillProgress:
     step: KillStep
 
@@ -135,7 +183,7 @@ class KillDone:
 
 SupervisorEvent = (DomainEvent | Notice | Fatal | PreflightDone | RunStarted | LinkLost
                    | LinkRestored | AgentHello | ProcsSeen | GpusSeen | ProcEnded | KillProgress
-                   | KillDone)
+                   | KillDone | HistoryLoaded | SmokeDone | SpecDecodeSeen)
 SessionOpener = Callable[[Any], Awaitable[Session]]
 
 
@@ -153,8 +201,14 @@ class Supervisor:
 
     def __init__(self, profile: Profile, *, environ: Mapping[str, str] | None = None,
                  opener: SessionOpener = open_session,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 history: History | None = None) -> None:
         self.profile = profile
+        self.history = history
+        self.usual: dict[str, float] = {}
+        self.metrics_interval = METRICS_S
+        self._history_failed = False
+        self._side: set[asyncio.Task[None]] = set()  # hooks and the smoke request
         self.environ = os.environ if environ is None else environ
         self.opener = opener
         self.clock = clock
@@ -187,6 +241,104 @@ class Supervisor:
         for event in events:
             for queue in self._queues:
                 queue.put_nowait(event)
+        for event in events:
+            self._react(event)
+
+    # -- what follows an event: history, hooks, the smoke request -----------------------------
+
+    def _react(self, event: object) -> None:
+        if isinstance(event, Ready):
+            self._record(outcome="ready", took=event.took)
+            self._hook("ready", took=round(event.took, 1),
+                       cause=f"ready after {duration(event.took)}")
+            if self.profile.smoke.enabled:
+                self._spawn(self._smoke())
+        elif isinstance(event, (Died, CauseUpdated)):
+            death = event.death
+            self._record(outcome="dead", exit_code=death.code,
+                         cause=death.cause.line if death.cause else None, ended=death.at)
+            if isinstance(event, Died):
+                self._spawn(self._dead_hook())
+        elif isinstance(event, Stalled):
+            self._record(outcome="stalled")
+            self._hook("stalled", cause=event.summary(), quiet_s=round(event.quiet_s))
+        elif isinstance(event, StateChanged) and event.state is State.STOPPED:
+            self._record(ended=event.at, stopped=True)
+
+    def _record(self, stopped: bool = False, **fields: Any) -> None:
+        """Bring this run's history row up to date (a failing history is said once, then
+        ignored: it never stops supervision)."""
+        if self.history is None or self.run is None or self._history_failed:
+            return
+        m = self.machine
+        tl = m.timeline
+        fields["phases"] = tuple((s.phase.label, round(s.start - tl.launched_at, 3),
+                                  round(s.duration(self.clock()), 3))
+                                 for s in tl.spans) if tl is not None else ()
+        fields["engine_version"] = m.engine_version
+        try:
+            current = self.history.get(self.run.run_id)
+            if stopped:  # a kill ends a launch that had not ended otherwise
+                if current is not None and current.outcome in ("ready", "dead"):
+                    fields.pop("phases")
+                else:
+                    fields["outcome"] = "stopped"
+            if current is None:
+                self.history.record(Launch(self.run.run_id, self.profile.key,
+                                           self.profile.host.target, self.run.launched_at))
+            self.history.update(self.run.run_id, **fields)
+        except (sqlite3.Error, OSError, LookupError) as exc:
+            self._history_failed = True
+            self._emit([Notice(f"launch history not written ({self.history.path}): {exc}",
+                               "warning")])
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._side.add(task)
+        task.add_done_callback(self._side.discard)
+
+    def _hook(self, event: str, **fields: object) -> None:
+        command = getattr(self.profile.alerts, f"on_{event}")
+        if command is None or self.run is None:
+            return
+        env = hook_env(self.environ, event, {
+            "profile": self.profile.key, "host": self.profile.host.target,
+            "run_id": self.run.run_id, "pid": self.run.pid, **fields})
+        self._spawn(self._run_hook(event, command, env))
+
+    async def _run_hook(self, event: str, command: str, env: dict[str, str]) -> None:
+        error = await run_hook(command, env, self.profile.alerts.hook_timeout)
+        if error is not None:
+            self._emit([Notice(f"hook on_{event} {error}", "warning")])
+
+    async def _dead_hook(self) -> None:
+        await asyncio.sleep(CAUSE_GRACE_S)  # late lines sharpen the cause; wait for them
+        death = self.machine.death
+        if death is not None:
+            self._hook("dead", process=death.process, exit_code=death.code,
+                       signal=death.signal, since_launch=round(death.since_launch, 1),
+                       phase=death.phase.label if death.phase else None,
+                       cause=death.cause.line if death.cause else death.summary())
+
+    async def _smoke(self) -> None:
+        """One request after READY, from the GPU host: latency, tokens, the reply's first line;
+        a failure is "up but not serving"."""
+        smoke = self.profile.smoke
+        try:
+            session = await self.connect()
+            models = await launcher.http(session, self.profile, "/v1/models", None, 10.0)
+            model = json.loads(models.body)["data"][0]["id"] if models.status == 200 else None
+            if smoke.kind == "chat":
+                path, body = "/v1/chat/completions", {
+                    "messages": [{"role": "user", "content": smoke.prompt}]}
+            else:
+                path, body = "/v1/completions", {"prompt": smoke.prompt}
+            body.update(model=model or self.profile.server.model, max_tokens=smoke.max_tokens)
+            reply = await launcher.http(session, self.profile, path, body, smoke.timeout)
+        except (SessionError, OSError, ValueError, KeyError, IndexError) as exc:
+            self._emit([SmokeDone(False, 0.0, None, "", f"the request could not be made: {exc}")])
+            return
+        self._emit([smoke_result(reply, smoke.kind)])
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -229,8 +381,23 @@ class Supervisor:
         launched = await launcher.launch(session, self.profile, plan)
         now = self.clock()
         self.run = RunInfo(launched.run_id, launched.run_dir, launched.pid, now, attached=False)
+        self._remember_launch(plan, now)
         self._begin(now)
         return self.run
+
+    def _remember_launch(self, plan: launcher.LaunchPlan, now: float) -> None:
+        if self.history is None or self._history_failed:
+            return
+        args = tuple(redact(a, plan.secrets) for a in plan.argv)
+        env_names = tuple(sorted({*self.profile.server.env, *self.profile.server.secret_env}))
+        try:
+            self.history.record(Launch(plan.run_id, self.profile.key, self.profile.host.target,
+                                       now, command=shell_join(args), args=args,
+                                       env_names=env_names))
+        except (sqlite3.Error, OSError) as exc:
+            self._history_failed = True
+            self._emit([Notice(f"launch history not written ({self.history.path}): {exc}",
+                               "warning")])
 
     async def select(self, record: RunRecord | None = None) -> RunRecord:
         """Make a run (the profile's newest when none is given) this supervisor's, unwatched:
@@ -267,11 +434,24 @@ class Supervisor:
         self.log_end = 0
         self._emit(self.machine.started(self.run.pid, self.run.launched_at, now))
         self._emit([RunStarted(self.run)])
+        if self.history is not None:
+            try:
+                key, host = self.profile.key, self.profile.host.target
+                self.usual = self.history.expected_phases(key, host)
+                previous = self.history.last(key, host, before=self.run.run_id)
+            except (sqlite3.Error, OSError) as exc:
+                self._emit([Notice(f"launch history not read ({self.history.path}): {exc}",
+                                   "warning")])
+            else:
+                self._emit([HistoryLoaded(previous, self.usual)])
         self._tasks = [asyncio.create_task(self._watch_loop()),
                        asyncio.create_task(self._tick_loop())]
 
     async def close(self) -> None:
-        """Stop watching and drop the session; the server keeps running."""
+        """Stop watching and drop the session; the server keeps running. Hooks already started
+        get their timeout to finish (a DEAD alert must not die with the console)."""
+        if self._side:
+            await asyncio.wait(set(self._side), timeout=self.profile.alerts.hook_timeout + 1)
         self._closing = True
         for task in self._tasks:
             task.cancel()
@@ -292,7 +472,9 @@ class Supervisor:
                 "procs_interval": 1.0, "gpus_interval": 1.0,
                 "log_interval": 0.05,
                 "health": {"port": self.profile.server.port,
-                           "paths": ["/health", "/v1/models"], "interval": 1.0}}
+                           "paths": ["/health", "/v1/models"], "interval": 1.0},
+                "metrics": {"path": "/metrics", "prefix": "vllm:spec_decode_",
+                            "interval": self.metrics_interval}}
 
     async def _watch_loop(self) -> None:
         """Stream the agent; a lost link is retried with capped backoff from the last byte
@@ -363,6 +545,10 @@ class Supervisor:
                 if not event.nvml_ok:
                     self._emit([Notice(f"{event.host}: no GPU data — {event.nvml_error}",
                                        "warning")])
+        elif isinstance(event, Metrics):
+            totals = parse_totals(event.text)
+            if totals is not None:
+                self._emit([SpecDecodeSeen(totals, event.time)])
         elif isinstance(event, AgentFault):
             self._emit([Notice(f"agent: {event.kind}: {event.message}", "warning")])
 
@@ -420,11 +606,34 @@ class Supervisor:
         return killed
 
     async def restart(self, grace: float = 10.0, skip_preflight: bool = False) -> RunInfo:
-        """Kill, verify, and relaunch as a new run with a fresh machine and timeline."""
-        if self.run is not None:
-            await self.kill(grace)
+        """Kill, verify, and relaunch as a new run with a fresh machine and timeline. With no
+        run yet (the first start failed), start: attach to a live run, else launch."""
+        if self.run is None:
+            return await self.start(launch=True, skip_preflight=skip_preflight)
+        killed = await self.kill(grace)
+        if killed.remaining:  # never a second server beside a first that will not die
+            raise SpecconsoleError(
+                "not relaunching: processes of the run are still alive after the kill "
+                f"(pids {', '.join(map(str, killed.remaining))})")
         for task in self._tasks:
             task.cancel()
         self._tasks = []
         self.machine = self._new_machine()
         return await self.launch(skip_preflight)
+
+
+def smoke_result(reply: HttpReply, kind: str) -> SmokeDone:
+    """The smoke request's reply in a few words: latency, tokens, the first line of text."""
+    if reply.status != 200:
+        what = "no answer" if reply.status is None else f"HTTP {reply.status}"
+        return SmokeDone(False, reply.seconds, None, "",
+                         f"{what}: {strip_escapes(reply.body[:200])}")
+    try:
+        data = json.loads(reply.body)
+        choice = data["choices"][0]
+        text = choice["message"]["content"] if kind == "chat" else choice["text"]
+        tokens = (data.get("usage") or {}).get("completion_tokens")
+    except (ValueError, KeyError, IndexError, TypeError):
+        return SmokeDone(False, reply.seconds, None, "", "the reply is not an OpenAI answer")
+    first = next((line.strip() for line in str(text).splitlines() if line.strip()), "")
+    return SmokeDone(True, reply.seconds, tokens, strip_escapes(first)[:200])

@@ -759,36 +759,81 @@ class LogTail:
 
 
 class Health(threading.Thread):
-    """GET the server's health paths off the main loop (a hung server must not delay deaths)."""
+    """GET the server's health paths off the main loop (a hung server must not delay deaths);
+    while it is healthy, also the metrics lines that start with `metrics_prefix`, now and then."""
 
-    def __init__(self, port: int, paths: list[str], interval: float) -> None:
+    def __init__(self, port: int, paths: list[str], interval: float,
+                 metrics: tuple[str, str, float] | None = None) -> None:
         super().__init__(daemon=True, name="health")
         self.port, self.paths, self.interval = port, paths, interval
+        self.metrics = metrics  # (path, line prefix, interval)
         self.stop = threading.Event()
         self.last: dict[str, bool] = {}
 
     def run(self) -> None:
-        import urllib.error
         import urllib.request
 
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        next_metrics = 0.0
         while not self.stop.is_set():
             for path in self.paths:
-                status: int | None
-                try:
-                    with opener.open(f"http://127.0.0.1:{self.port}{path}", timeout=1) as r:
-                        status = r.status
-                except urllib.error.HTTPError as exc:
-                    status = exc.code
-                except Exception:
-                    status = None
+                status, _ = http_request(opener, self.port, path, timeout=1)
                 ok = status is not None and 200 <= status < 300
                 if self.stop.is_set():
                     return
                 if self.last.get(path) != ok:
                     self.last[path] = ok
                     emit("health", ok=ok, path=path, status=status, time=time.time())
+            if self.metrics is not None and all(self.last.values()) \
+                    and time.monotonic() >= next_metrics:
+                path, prefix, every = self.metrics
+                next_metrics = time.monotonic() + every
+                status, body = http_request(opener, self.port, path, timeout=2)
+                if status == 200:
+                    text = body.decode("utf-8", "replace")
+                    lines = [x for x in text.splitlines() if x.startswith(prefix)]
+                    if lines:
+                        emit("metrics", path=path, text="\n".join(lines), time=time.time())
             self.stop.wait(self.interval)
+
+
+HTTP_BODY_MAX = 1 << 20
+
+
+def http_request(opener, port: int, path: str, timeout: float, body: bytes | None = None):
+    """(status or None, at most 1 MiB of the body) from 127.0.0.1:port; never raises."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", data=body,
+        headers={"Content-Type": "application/json"} if body is not None else {})
+    try:
+        with opener.open(request, timeout=timeout) as r:
+            return r.status, r.read(HTTP_BODY_MAX)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(HTTP_BODY_MAX) if exc.fp is not None else b""
+    except Exception:
+        return None, b""
+
+
+def cmd_http(spec: dict) -> int:
+    """One request to the server from the GPU host (a smoke request): status, time, body."""
+    import urllib.request
+
+    port = _get(spec, "port", int)
+    path = _get(spec, "path", str)
+    if not path.startswith("/"):
+        raise SpecError("path must start with /")
+    body = _get(spec, "json", dict, None)
+    timeout = float(_get(spec, "timeout", (int, float), 30.0))
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    start = time.monotonic()
+    status, data = http_request(opener, port, path, timeout,
+                                json.dumps(body).encode() if body is not None else None)
+    emit("http", status=status, seconds=round(time.monotonic() - start, 4),
+         body=data.decode("utf-8", "replace"))
+    return 0
 
 
 # ----------------------------------------------------------------------------- spec
@@ -935,6 +980,10 @@ def cmd_watch(spec: dict) -> int:
     port = _get(health_spec, "port", int, None)
     health_paths = _str_list(health_spec, "paths") or ["/health"]
     health_every = max(0.05, float(_get(health_spec, "interval", (int, float), 1.0)))
+    metrics_spec = _get(spec, "metrics", dict, None)
+    metrics = None if metrics_spec is None else (
+        _get(metrics_spec, "path", str, "/metrics"), _get(metrics_spec, "prefix", str, ""),
+        max(1.0, float(_get(metrics_spec, "interval", (int, float), 10.0))))
     secrets = list(_str_list(spec, "redact"))
     secret_env = _str_list(spec, "secret_env")
     use_pidfd = pidfd_supported()
@@ -948,7 +997,7 @@ def cmd_watch(spec: dict) -> int:
          redact=found or [])
     health = None
     if port is not None:
-        health = Health(port, health_paths, health_every)
+        health = Health(port, health_paths, health_every, metrics)
         health.start()
     watcher = Watcher(run, use_pidfd, LogTail(run.log, log_offset), gpus, health, intervals,
                       secrets, secret_env if found is None else [])
@@ -1428,8 +1477,8 @@ def _port_owner(port: int) -> str | None:
 
 # ----------------------------------------------------------------------------- main
 
-COMMANDS = {"launch": cmd_launch, "watch": cmd_watch, "kill": cmd_kill, "runs": cmd_runs,
-            "preflight": cmd_preflight}
+COMMANDS = {"http": cmd_http, "launch": cmd_launch, "watch": cmd_watch, "kill": cmd_kill,
+            "runs": cmd_runs, "preflight": cmd_preflight}
 
 
 def main() -> int:

@@ -42,10 +42,11 @@ class GpuHistory:
                 samples.extend(max(merged[i:i + 2]) for i in range(0, len(merged), 2))
 
     def lagging(self, window: int = LAG_WINDOW) -> set[int]:
-        """GPUs flat over the last `window` samples while at least one other grew."""
+        """GPUs of the run (holding one of its processes) flat over the last `window` samples
+        while at least one other grew; a GPU the run does not use is never flagged."""
         growth: dict[int, int] = {}
         for index, samples in self._samples.items():
-            if len(samples) > window:
+            if len(samples) > window and self._latest[index].procs:
                 growth[index] = samples[-1] - samples[-1 - window]
         if not any(g > 0 for g in growth.values()):
             return set()

@@ -12,6 +12,7 @@ string checks and one precompiled regex each; the rare ones pay for themselves.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, fields, make_dataclass
 
 # -- escapes ----------------------------------------------------------------------------------
@@ -108,9 +109,16 @@ class LogLine:
     message: str
 
 
-# A frozen dataclass's __init__ pays object.__setattr__ per field (about 3x a plain one). Lines
-# are built as this twin, same slots, then given LogLine's class: frozen from then on.
-_Building = make_dataclass("_Building", [(f.name, f.type) for f in fields(LogLine)], slots=True)
+def unfrozen_twin(cls: type) -> type:
+    """A twin of the frozen, slotted dataclass `cls`: same slots, a plain __init__. A frozen
+    __init__ pays object.__setattr__ per field (about 3x a plain one), and a log makes one
+    object per line: built as the twin, then given `cls` as its class, it is frozen from then on.
+    """
+    return make_dataclass(f"_{cls.__name__}Building", [(f.name, f.type) for f in fields(cls)],
+                          slots=True)
+
+
+_Building = unfrozen_twin(LogLine)
 
 
 # Outer wrappers, peeled in any order: docker compose `svc-1  | `, CI `[2024-09-05T00:38:34Z] `,
@@ -156,6 +164,32 @@ def _peel_wrappers(s: str) -> str:
             return s
         s = s[m.end():]
     return s
+
+
+_HEADERS: dict[str, str] = {}  # a vLLM header seen (level, stamp, source) → its level
+_UVICORN_INFO = "INFO:     "
+
+
+def _split_header(body: str) -> tuple[str | None, str]:
+    """The level and what follows the header, as `_HEADER_RE` says. A header repeats for every
+    record of a source within one second, so the regex's verdict is kept for its exact text
+    (the header ends at the first `] `, which no part of it can contain)."""
+    if body[:10] == _UVICORN_INFO:  # uvicorn's `INFO:` and its padding (`:\s+`)
+        return "INFO", body[5:].lstrip()
+    k = body.find("] ", 14, 100)
+    key = body[:k + 2] if k > 0 else ""
+    level = _HEADERS.get(key) if k > 0 else None
+    if level is not None:
+        return level, body[k + 2:]
+    m = _HEADER_RE.match(body)
+    if m is None:
+        return None, body
+    level = "WARNING" if m.group(1) == "WARN" else m.group(1)
+    if m.end() == k + 2:
+        if len(_HEADERS) > 4096:  # a new stamp every second: keep the recent ones
+            _HEADERS.clear()
+        _HEADERS[key] = level
+    return level, body[m.end():]
 
 
 _MISS = object()
@@ -234,17 +268,41 @@ def parse_line(raw: str, offset: int = -1) -> LogLine:
     if proc is None and carried[0] is not None:
         proc, pid = carried
         plain = f"({proc} pid={pid}) {plain}" if pid is not None else f"({proc}) {plain}"
-    level: str | None = None
-    if body[:1] in _LEVEL_INITIALS:
-        m = _HEADER_RE.match(body)
-        if m is not None:
-            level = m.group(1)
-            if level == "WARN":
-                level = "WARNING"
-            body = body[m.end():]
+    level, body = _split_header(body) if body[:1] in _LEVEL_INITIALS else (None, body)
     line = _Building(offset, raw, plain, proc, pid, level, body.rstrip())
     line.__class__ = LogLine
     return line  # type: ignore[return-value]
+
+
+def parse_lines(pairs: Iterable[tuple[int, str]]) -> list[LogLine]:
+    """Decode a chunk of (byte offset, raw line): `parse_line` on each, with the commonest
+    shape of a busy log (one known process prefix, then a vLLM or uvicorn header, nothing to
+    strip) taken in one pass of cheap checks, without the general path's branches."""
+    out: list[LogLine] = []
+    append = out.append
+    cache_get = _PREFIX_CACHE.get
+    split = _split_header
+    headers_get = _HEADERS.get
+    initials = _LEVEL_INITIALS
+    for offset, raw in pairs:
+        j = raw.find(") ", 1, 120) if raw[:1] == "(" else -1
+        hit = cache_get(raw[:j + 1]) if j > 0 else None
+        if (hit is None or raw[j + 2:j + 3] == "(" or raw[-1:] == "\n" or not raw.isprintable()
+                or ("#" in raw and ("#0" in raw or "#177" in raw))):
+            append(parse_line(raw, offset))
+            continue
+        pos = j + 2
+        k = raw.find("] ", pos + 14, pos + 100)  # the header's end, if it is one seen before
+        level = headers_get(raw[pos:k + 2]) if k > 0 else None
+        if level is not None:
+            body = raw[k + 2:]
+        else:
+            body = raw[pos:]
+            level, body = split(body) if body[:1] in initials else (None, body)
+        line = _Building(offset, raw, raw, hit[0], hit[1], level, body.rstrip())
+        line.__class__ = LogLine
+        append(line)  # type: ignore[arg-type]
+    return out
 
 
 def _tqdm_segment(s: str) -> tuple[str, tuple[str | None, int | None]]:

@@ -2,8 +2,8 @@
 
 However long the log, the console holds at most `cap` lines; older ones stay in the remote
 file and come back a page at a time when the user scrolls past the top (`prepend`). A window
-scrolled back that far is detached from the live end: new lines are counted, not kept, until
-the user follows again and the window is re-anchored at the end of the log (`reset`).
+scrolled back that far is detached from the live end: the newest lines wait beside it (at most
+`cap` of them), and following again (`resume`) puts them back, contiguous, with nothing fetched.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ class LogWindow:
         self.hidden: dict[str, int] = {}  # label → lines hidden, over the whole run
         self.harmless: dict[str, int] = {}
         self.detached = False  # scrolled back past the cap: not following the live end
-        self.missed = 0  # live lines not kept while detached
+        self.missed = 0  # live lines that arrived while detached
+        self._live: deque[Entry] = deque()  # while detached: the newest lines, contiguous
         self.log_end = 0  # the end of the log as far as the live stream has reached
         self.evicted = {True: 0, False: 0}  # lines dropped from the front, by view (raw?)
 
@@ -59,9 +60,8 @@ class LogWindow:
     def view(self, raw: bool) -> deque[Entry]:
         return self._entries if raw else self._shown
 
-    def append(self, entries: Iterable[Entry]) -> int:
-        """Live lines; returns how many were kept (none while detached)."""
-        kept = 0
+    def append(self, entries: Iterable[Entry]) -> None:
+        """Live lines: into the window, or beside it while it is detached."""
         for entry in entries:
             if entry.rule is not None:
                 counts = self.hidden if entry.rule.kind == "hide" else self.harmless
@@ -69,14 +69,15 @@ class LogWindow:
             self.log_end = max(self.log_end, entry.end)
             if self.detached:
                 self.missed += 1
+                self._live.append(entry)
                 continue
             self._entries.append(entry)
             if entry.shown:
                 self._shown.append(entry)
-            kept += 1
         while len(self._entries) > self.cap:
             self._drop_oldest()
-        return kept
+        while len(self._live) > self.cap:
+            self._live.popleft()
 
     def _drop_oldest(self) -> None:
         old = self._entries.popleft()
@@ -95,12 +96,22 @@ class LogWindow:
             newest = self._entries.pop()
             if self._shown and self._shown[-1] is newest:
                 self._shown.pop()
+            self._live.appendleft(newest)  # kept beside the window, for resume
             self.detached = True
+        while len(self._live) > self.cap:
+            self._live.popleft()
+
+    def resume(self) -> None:
+        """Follow again: the newest `cap` lines, the ones that waited beside the window
+        included, contiguous up to the live end."""
+        if self.detached:
+            self.reset([*self._entries, *self._live][-self.cap:])
 
     def reset(self, entries: list[Entry]) -> None:
         """Re-anchor at the live end with the log's last page (counts are kept)."""
         self._entries.clear()
         self._shown.clear()
+        self._live.clear()
         self.detached = False
         self.missed = 0
         for entry in entries[-self.cap:]:

@@ -9,9 +9,9 @@ The profile's rules are evaluated before the built-ins, so a profile can overrid
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from tui.core.logline import LogLine
 
@@ -129,6 +129,13 @@ class NoiseFilter:
         self.rules: tuple[NoiseRule, ...] = tuple(rules)
         self._checks = tuple((r.needle, r.pattern.search, r) for r in self.rules
                              if r.pattern is not _BLANK_RE)
+        self._unguarded = tuple((search, r) for needle, search, r in self._checks if not needle)
+        # Nearly every line holds no needle: these say so with one `in` per needle and no loop.
+        held = " or ".join(f"{n!r} in m" for n, _, _ in self._checks if n) or "False"
+        self._any_needle: Callable[[str], bool] = _compiled(f"lambda m: {held}")
+        self._suspects: Callable[[Sequence[LogLine]], list[int]] = _compiled(
+            "lambda lines: [i for i, line in enumerate(lines)"
+            f" if not (m := line.message) or m.isspace() or {held}]")
         self.hidden: dict[str, int] = {}
         self.harmless: dict[str, int] = {}
 
@@ -136,6 +143,11 @@ class NoiseFilter:
         msg = line.message
         if not msg or msg.isspace():
             return self._blank(msg)
+        if not self._any_needle(msg):  # most lines: only the rules without a needle can match
+            for search, rule in self._unguarded:
+                if search(msg) is not None:
+                    return rule
+            return None
         for needle, search, rule in self._checks:
             if needle:
                 if needle in msg and search(msg) is not None:
@@ -150,6 +162,30 @@ class NoiseFilter:
     def classify(self, line: LogLine) -> NoiseRule | None:
         rule = self.match(line)
         if rule is not None:
-            counts = self.hidden if rule.kind == "hide" else self.harmless
-            counts[rule.id] = counts.get(rule.id, 0) + 1
+            self._count(rule)
         return rule
+
+    def classify_all(self, lines: Sequence[LogLine]) -> list[NoiseRule | None]:
+        """`classify` for each line of a chunk, in order; only the lines a rule could match
+        (blank, or holding a needle) are asked, unless a rule has no needle."""
+        if self._unguarded:
+            rules = list(map(self.match, lines))
+            for rule in rules:
+                if rule is not None:
+                    self._count(rule)
+            return rules
+        out: list[NoiseRule | None] = [None] * len(lines)
+        for i in self._suspects(lines):
+            rule = out[i] = self.match(lines[i])
+            if rule is not None:
+                self._count(rule)
+        return out
+
+    def _count(self, rule: NoiseRule) -> None:
+        counts = self.hidden if rule.kind == "hide" else self.harmless
+        counts[rule.id] = counts.get(rule.id, 0) + 1
+
+
+def _compiled(source: str) -> Any:
+    """A lambda from generated source (the needles are written as literals with repr)."""
+    return eval(compile(source, "<noise needles>", "eval"), {})

@@ -225,6 +225,12 @@ _VLLM = _buckets()
 _ENGINES = {"vllm": _VLLM}
 
 
+def phase_initials(engine: str = "vllm") -> frozenset[str]:
+    """The first characters of every message a phase rule can match: `detect_phase` answers
+    None for any other line, so a caller with many lines can skip those without asking."""
+    return frozenset(_ENGINES.get(engine, _VLLM))
+
+
 def detect_phase(line: LogLine, engine: str = "vllm") -> PhaseHit | None:
     """The phase this line announces, or None (the answer for nearly every line)."""
     msg = line.message

@@ -101,6 +101,29 @@ class ExpectConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AlertsConfig:
+    """Local commands run on DEAD, STALLED and READY (with the event in SPECCONSOLE_* variables),
+    and whether to flash a tmux message; a hook never blocks the console."""
+
+    on_ready: str | None = None
+    on_dead: str | None = None
+    on_stalled: str | None = None
+    hook_timeout: float = 10.0
+    tmux: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class SmokeConfig:
+    """One request after READY, to tell "up" from "serving"."""
+
+    enabled: bool = False
+    kind: str = "completion"  # or "chat"
+    prompt: str = "Say hello in one short sentence."
+    max_tokens: int = 16
+    timeout: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
 class SimulateConfig:
     scenario: str = "ready"
     time_scale: float = 60.0
@@ -117,6 +140,8 @@ class Profile:
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     logs: LogsConfig = field(default_factory=LogsConfig)
     expect: ExpectConfig = field(default_factory=ExpectConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    smoke: SmokeConfig = field(default_factory=SmokeConfig)
     simulate: SimulateConfig | None = None
 
     @property
@@ -481,6 +506,10 @@ _PREFLIGHT = {name: _bool for name in (
     "spec_consistent")} | {"compile_files": _list(_str)}
 _LOGS = {"hide": _list(_rule), "harmless": _list(_rule)}
 _EXPECT = {"load_time": _duration, "stall_timeout": _duration, "ready_timeout": _duration}
+_ALERTS = {"on_ready": _str, "on_dead": _str, "on_stalled": _str, "hook_timeout": _duration,
+           "tmux": _bool}
+_SMOKE = {"enabled": _bool, "kind": _one_of(("completion", "chat")), "prompt": _str,
+          "max_tokens": _bounded(_int, 1, 4096), "timeout": _duration}
 _SIMULATE = {
     "scenario": _one_of(SCENARIOS), "time_scale": _POSITIVE, "gpus": _bounded(_int, 1),
     "gpu_state": _str,
@@ -491,6 +520,8 @@ _TOP = {
     "preflight": _section(PreflightConfig, _PREFLIGHT),
     "logs": _section(LogsConfig, _LOGS),
     "expect": _section(ExpectConfig, _EXPECT),
+    "alerts": _section(AlertsConfig, _ALERTS),
+    "smoke": _section(SmokeConfig, _SMOKE),
     "simulate": _section(SimulateConfig, _SIMULATE),
 }
 

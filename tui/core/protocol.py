@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tui.core.errors import AgentError
+from tui.core.logline import strip_escapes
 
 PROTOCOL_VERSION = 1
 
@@ -179,8 +180,26 @@ class Preflight:
     checks: tuple[Check, ...] = field(default_factory=tuple)
 
 
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """The server's /metrics lines the watch asked for (a prefix), fetched on the GPU host."""
+
+    path: str
+    text: str
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class HttpReply:
+    """One request made from the GPU host: status (None: no answer), seconds, body."""
+
+    status: int | None
+    seconds: float
+    body: str
+
+
 AgentEvent = (Hello | Secrets | Procs | Gpus | LogChunk | ProcExit | RunExit | Health | AgentFault
-              | Launched | KillStep | Killed | Runs | Preflight)
+              | Launched | KillStep | Killed | Runs | Preflight | Metrics | HttpReply)
 
 
 def _proc(d: dict[str, Any]) -> ProcInfo:
@@ -232,10 +251,31 @@ _DECODERS: dict[str, Any] = {
     "killed": lambda d: Killed(tuple(d.get("remaining") or ()), d.get("gpu_released"),
                                tuple(d.get("gpu_holders") or ()), float(d["time"])),
     "runs": lambda d: Runs(tuple(_run(r) for r in d.get("runs") or ())),
+    "metrics": lambda d: Metrics(str(d.get("path", "")), str(d.get("text", "")),
+                                 float(d["time"])),
+    "http": lambda d: HttpReply(d.get("status"), float(d.get("seconds") or 0.0),
+                                str(d.get("body", ""))),
     "preflight": lambda d: Preflight(tuple(
         Check(str(c["check"]), bool(c["ok"]), str(c.get("severity", "error")),
               str(c.get("message", ""))) for c in d.get("checks") or ())),
 }
+
+
+# Messages whose text is kept byte for byte: log lines (rendered later, escapes stripped there,
+# offsets must stay true), metrics and HTTP bodies (parsed, never drawn as they are).
+_RAW = frozenset({"log", "metrics", "http"})
+
+
+def _clean(value: Any) -> Any:
+    """Every string from the host (process names, error messages, check verdicts) without
+    escape sequences or control characters: such text may end up on the screen."""
+    if isinstance(value, str):
+        return value if value.isprintable() else strip_escapes(value)
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    return value
 
 
 def decode(line: bytes | str, host: str = "agent") -> AgentEvent:
@@ -248,7 +288,10 @@ def decode(line: bytes | str, host: str = "agent") -> AgentEvent:
         if version != PROTOCOL_VERSION:
             raise AgentError(host, f"agent speaks protocol {version}, this console speaks "
                                    f"{PROTOCOL_VERSION}; the agent sent is not this console's")
-        return _DECODERS[data["t"]](data)
+        kind = data["t"]
+        if kind not in _RAW:
+            data = {k: v if k == "redact" else _clean(v) for k, v in data.items()}
+        return _DECODERS[kind](data)
     except AgentError:
         raise
     except (ValueError, KeyError, TypeError) as exc:

@@ -10,6 +10,7 @@ with the candidate of the process reported dead first, or before any death the f
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tui.core.logline import LogLine
@@ -131,6 +132,19 @@ class RootCauseTracker:
         chosen = next((c for c in cands if not c.elsewhere), cands[0])
         return RootCause(chosen.line, chosen.proc, chosen.pid, chosen.offset, self.symptoms,
                          tuple(chosen.trace))
+
+    def feed_all(self, lines: Iterable[LogLine]) -> None:
+        """`feed` each line of a chunk; the INFO and DEBUG records that cannot start, continue
+        or end a traceback nor report a symptom (nearly all of a busy log) are passed over."""
+        feed = self.feed
+        for line in lines:
+            level = line.level
+            if (level == "INFO" or level == "DEBUG") and not self._open:
+                msg = line.message
+                if not (msg.endswith(_TB_START) or "[shutdown]" in msg or "xited" in msg
+                        or "died" in msg):
+                    continue
+            feed(line)
 
     def feed(self, line: LogLine) -> None:
         msg = line.message

@@ -14,10 +14,10 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from tui.core.logline import LogLine, parse_line
+from tui.core.logline import LogLine, parse_lines, unfrozen_twin
 from tui.core.logtime import LogClock
 from tui.core.noise import NoiseFilter, NoiseRule
-from tui.core.phases import Phase, PhaseHit, detect_phase
+from tui.core.phases import Phase, PhaseHit, detect_phase, phase_initials
 from tui.core.protocol import Gpus, Health, ProcExit, ProcInfo, Procs, RunExit
 from tui.core.rootcause import RootCause, RootCauseTracker
 from tui.core.specdecode import SpecDecodeInterval, parse_interval
@@ -93,6 +93,9 @@ class ProgressChanged:
 class LineAdded:
     line: LogLine
     rule: NoiseRule | None
+
+
+_LineAddedBuilding = unfrozen_twin(LineAdded)  # one per log line: see unfrozen_twin
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +184,8 @@ class LaunchMachine:
     # was reaped by its parent is known to the agent only by a provisional name and no code
     log_names: dict[int, str] = field(default_factory=dict)
     log_clock: LogClock | None = None
+    engine_version: str | None = None  # from the banner, for the launch history
+    ready_log_at: float | None = None  # when the log said "Application startup complete"
     _replayed_at: float | None = None  # the stamp of the last late line, while replaying
     reported_codes: dict[str, int] = field(default_factory=dict)
     # processes that ended with an unknown code, until the log says how (see _REPORTED_COMMAND)
@@ -230,25 +235,36 @@ class LaunchMachine:
         cause_before = self.tracker.cause() if self.death is not None else None
         progressed = False
         names = self.log_names
-        for offset, raw in lines:
-            line = parse_line(raw, offset)
+        # Each stage runs over the whole chunk (cheaper than stage by stage per line), which is
+        # the same as line by line unless a death is decided mid-chunk: only a pending exit
+        # (see _reported_command_failure) can do that, and then the tracker goes line by line.
+        parsed = parse_lines(lines)
+        rules = self.noise.classify_all(parsed)
+        per_line = bool(self.pending_exits)
+        if not per_line:
+            self.tracker.feed_all(parsed)
+        initials = phase_initials(self.engine)
+        for line, rule in zip(parsed, rules, strict=True):
+            msg = line.message
             if line.pid is not None and line.proc and names.get(line.pid) != line.proc:
                 names[line.pid] = line.proc
-            if "exit code" in line.message or "core proc" in line.message:
-                self._note_reported_code(line.message)
-            rule = self.noise.classify(line)
-            events.append(LineAdded(line, rule))
-            self.tracker.feed(line)
-            if self.pending_exits and "non-zero exit status" in line.message:
-                events.extend(self._reported_command_failure(line.message, at))
-            if _HANG_HEARTBEAT not in line.message:
+            if "exit code" in msg or "core proc" in msg:
+                self._note_reported_code(msg)
+            added = _LineAddedBuilding(line, rule)
+            added.__class__ = LineAdded
+            events.append(added)
+            if per_line:
+                self.tracker.feed(line)
+                if self.pending_exits and "non-zero exit status" in msg:
+                    events.extend(self._reported_command_failure(msg, at))
+            if not progressed and _HANG_HEARTBEAT not in msg:
                 progressed = True
-            if rule is None:
+            if rule is None and msg[:1] in initials:
                 hit = detect_phase(line, self.engine)
                 if hit is not None:
-                    events.extend(self._on_phase(hit, self._written_at(raw, at)))
+                    events.extend(self._on_phase(hit, self._written_at(line.raw, at)))
                     if hit.phase is Phase.SERVING:
-                        self.spec_decode = parse_interval(line.message) or self.spec_decode
+                        self.spec_decode = parse_interval(msg) or self.spec_decode
         if progressed:
             self.last_line_at = at
             if self.state is State.STALLED:
@@ -308,8 +324,11 @@ class LaunchMachine:
 
     def _on_phase(self, hit: PhaseHit, at: float) -> list[DomainEvent]:
         events: list[DomainEvent] = []
+        if hit.version is not None and self.engine_version is None:
+            self.engine_version = hit.version
         if hit.phase is Phase.READY_LOG:
             self.log_ready_seen = True
+            self.ready_log_at = at
         if self.timeline is None or not self.state.live or self.state is State.READY:
             return events
         if self.timeline.enter(hit.phase, at):
@@ -399,10 +418,13 @@ class LaunchMachine:
                 or self.state not in (State.STARTING, State.LOADING, State.STALLED)):
             return []
         launched = self.launched_at if self.launched_at is not None else at
+        # attached to a server that was ready long ago: it was ready when its log said so
+        ready = self.ready_log_at if self.ready_log_at is not None \
+            and self.ready_log_at < at - LATE_LINE_S else at
         if self.timeline is not None:
-            self.timeline.enter(Phase.READY_LOG, at)
-            self.timeline.finish(at)
-        return [*self._to(State.READY, at), Ready(at, at - launched)]
+            self.timeline.enter(Phase.READY_LOG, ready)
+            self.timeline.finish(ready)
+        return [*self._to(State.READY, at), Ready(ready, ready - launched)]
 
     def feed_gpus(self, snap: Gpus, at: float) -> list[DomainEvent]:
         for gpu in snap.gpus:

@@ -6,12 +6,16 @@ sentences are tested as tables and the widgets only draw them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 from tui.core.describe import duration
 from tui.core.phases import Phase
 from tui.core.state import Death, LaunchMachine, Stalled, State
 from tui.core.timeline import PhaseSpan
+
+OVERRUN = 1.5  # a phase this many times its usual duration is flagged
+OVERRUN_MIN_S = 5.0  # ... and at least this much longer (short phases jitter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +31,8 @@ class RunView:
     stalled: Stalled | None = None
     ready_took: float | None = None
     link: str | None = None  # "connection lost, retrying in 2.0s" while the link is down
+    # each phase's usual duration (median of earlier successful launches of this profile+host)
+    usual: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def current(self) -> PhaseSpan | None:
@@ -38,21 +44,46 @@ class RunView:
         return (self.finished_at if self.finished_at is not None else now) - self.launched_at
 
     def eta(self, now: float) -> float | None:
-        if (self.expected_load_s is None or self.launched_at is None
-                or self.finished_at is not None):
+        """Seconds to READY: from the usual phase durations when there is a history (the
+        current phase's remainder plus every phase not reached yet), else from the profile's
+        expected load time."""
+        if self.launched_at is None or self.finished_at is not None:
+            return None
+        if self.usual:
+            entered = {span.phase.label for span in self.spans}
+            left = sum(d for label, d in self.usual.items() if label not in entered)
+            cur = self.current
+            if cur is not None and cur.phase.label in self.usual:
+                left += max(0.0, self.usual[cur.phase.label] - cur.duration(now))
+            return left
+        if self.expected_load_s is None:
             return None
         return self.launched_at + self.expected_load_s - now
 
+    def overrun(self, now: float) -> str | None:
+        """The current phase, when it runs 1.5x longer than usual: `loading weights: 18m00s,
+        usually 11m00s`."""
+        cur = self.current
+        if cur is None or cur.end is not None or self.finished_at is not None:
+            return None
+        usual = self.usual.get(cur.phase.label)
+        took = cur.duration(now)
+        if usual is None or took < OVERRUN * usual or took - usual < OVERRUN_MIN_S:
+            return None
+        return f"{cur.phase.label}: {duration(took)}, usually {duration(usual)}"
+
 
 def view_of(machine: LaunchMachine, *, stalled: Stalled | None = None,
-            ready_took: float | None = None, link: str | None = None) -> RunView:
+            ready_took: float | None = None, link: str | None = None,
+            usual: Mapping[str, float] | None = None) -> RunView:
     tl = machine.timeline
     return RunView(machine.state,
                    tuple(replace(s) for s in tl.spans) if tl is not None else (),
                    tl.launched_at if tl is not None else None,
                    tl.finished_at if tl is not None else None,
                    machine.expected_load_s, machine.death,
-                   stalled if machine.state is State.STALLED else None, ready_took, link)
+                   stalled if machine.state is State.STALLED else None, ready_took, link,
+                   usual or {})
 
 
 def progress_text(span: PhaseSpan) -> str:
@@ -68,11 +99,13 @@ def progress_text(span: PhaseSpan) -> str:
 
 def _eta_text(view: RunView, now: float) -> str:
     eta = view.eta(now)
+    overrun = view.overrun(now)
+    warn = f" · ⚠ {overrun}" if overrun else ""
     if eta is None:
-        return ""
-    if eta <= 0:
-        return f" · over the expected {duration(view.expected_load_s or 0)}"
-    return f" · ETA ~{duration(eta)}"
+        return warn
+    if eta <= 0 and not view.usual:
+        return f" · over the expected {duration(view.expected_load_s or 0)}{warn}"
+    return f" · ETA ~{duration(max(0.0, eta))}{warn}"
 
 
 def status_line(view: RunView, now: float) -> str:
@@ -115,6 +148,8 @@ class TimelineRow:
     detail: str
     current: bool
     failed: bool
+    usual_s: float | None = None  # this phase's usual duration, from the history
+    slow: bool = False  # 1.5x its usual duration or more
 
 
 def timeline_rows(view: RunView, now: float) -> list[TimelineRow]:
@@ -127,9 +162,12 @@ def timeline_rows(view: RunView, now: float) -> list[TimelineRow]:
                                  and span.phase is not Phase.SERVING and view.death is not None
                                  and view.death.phase is span.phase)
         mark = "✗" if failed else ("▶" if current else "✓")
-        rows.append(TimelineRow(mark, span.phase.label, span.start - launched,
-                                span.duration(now), span.progress, progress_text(span),
-                                current, failed))
+        usual = view.usual.get(span.phase.label)
+        took = span.duration(now)
+        slow = usual is not None and took >= OVERRUN * usual and took - usual >= OVERRUN_MIN_S
+        rows.append(TimelineRow(mark, span.phase.label, span.start - launched, took,
+                                span.progress, progress_text(span), current, failed, usual,
+                                slow))
     if view.state is State.DEAD and view.death is not None and view.death.phase is Phase.SERVING:
         rows.append(TimelineRow("✗", Phase.SERVING.label, view.death.since_launch, 0.0, None,
                                 "died while serving", False, True))

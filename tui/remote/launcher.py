@@ -9,11 +9,21 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from tui.core.command import build_server_argv, host_python, new_run_id, resolve_secrets
 from tui.core.errors import AgentError
 from tui.core.profile import Profile
-from tui.core.protocol import Check, Killed, KillStep, Launched, Preflight, RunRecord, Runs
+from tui.core.protocol import (
+    Check,
+    HttpReply,
+    Killed,
+    KillStep,
+    Launched,
+    Preflight,
+    RunRecord,
+    Runs,
+)
 from tui.core.speculative import speculative_checks
 from tui.remote.agent_link import AgentTarget, call_agent
 from tui.remote.session import Session
@@ -67,6 +77,17 @@ async def launch(session: Session, profile: Profile, plan: LaunchPlan) -> Launch
         if isinstance(ev, Launched):
             return ev
     raise AgentError(session.host, "the agent did not confirm the launch")
+
+
+async def http(session: Session, profile: Profile, path: str,
+               body: dict[str, Any] | None = None, timeout: float = 30.0) -> HttpReply:
+    """One request to the server, made from the GPU host (the port need not be reachable from
+    here): GET, or POST of `body` as JSON."""
+    spec = {"port": profile.server.port, "path": path, "json": body, "timeout": timeout}
+    for ev in await call_agent(session, agent_target(profile), "http", spec):
+        if isinstance(ev, HttpReply):
+            return ev
+    raise AgentError(session.host, "the agent did not answer the request")
 
 
 async def list_runs(session: Session, profile: Profile) -> tuple[RunRecord, ...]:

@@ -35,6 +35,9 @@ harmless = [{{ pattern = "Failed to import Triton kernels", label = "Triton Spar
 load_time = "{load}s"
 stall_timeout = "{stall}s"
 
+[smoke]
+enabled = true
+
 [simulate]
 scenario = "{scenario}"
 time_scale = {time_scale}

@@ -3,7 +3,7 @@
     python -m tui.sim.engine serve MODEL --port P --tensor-parallel-size N
         [--speculative-config JSON] [other vllm args, shown in "non-default args", else ignored]
         --sim-scenario ready|syntax-error|oom|hang|engine-killed --sim-time-scale X
-        [--sim-gpus 8] [--sim-gpu-state DIR]
+        [--sim-gpus 8] [--sim-gpu-state DIR] [--sim-flood LINES_PER_S]
 
 This process is the API server (`(APIServer pid=N)`). It spawns the engine core
 (`VLLM::EngineCore_DP0`, `tui/sim/engine_core.py`), which spawns N workers (`VLLM::Worker_TP<r>`,
@@ -19,10 +19,11 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
-from tui.sim import failures, gpu_state, lines, runtime
+from tui.sim import failures, flood, gpu_state, lines, runtime
 from tui.sim import timeline as tl
 from tui.sim.http_api import ServingState, SimHTTPServer
 from tui.sim.runtime import SimClock, Terminated
@@ -69,6 +70,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     serve.add_argument("--sim-scenario", choices=SCENARIOS, default="ready")
     serve.add_argument("--sim-time-scale", type=_positive(float), default=1.0)
     serve.add_argument("--sim-gpus", type=_positive(int), default=8)
+    serve.add_argument("--sim-flood", type=_positive(float), metavar="LINES_PER_S",
+                       help="once serving, also write a firehose of vLLM-shaped serving lines "
+                       "(access log, request records, stats, warnings) at this rate")
     serve.add_argument("--sim-gpu-state", help="fake NVML state dir (default: "
                        f"${gpu_state.STATE_ENV} or ~/.specconsole/sim-gpus)")
     args, extra = parser.parse_known_args(argv)
@@ -247,6 +251,16 @@ class ApiServer:
         for text in (f"Started server process [{os.getpid()}]", "Waiting for application startup.",
                      "Application startup complete."):
             self.log.line(f"INFO:     {text}", prefixed=False)
+        if self.args.sim_flood:
+            threading.Thread(target=self._flood, args=(self.args.sim_flood,), daemon=True).start()
+
+    def _flood(self, rate: float) -> None:
+        """--sim-flood: the firehose, while serving (untagged: the lines are not this process's
+        own records but a load generator's, counted by the benchmark from the log)."""
+        assert self.engine is not None
+        pids = {"APIServer": os.getpid(), "EngineCore_DP0": self.engine.pid}
+        flood.pour(rate, flood.flood_lines(pids, self.clock.stamp), self.log.raw,
+                   lambda: self.serving)
 
     def _serve(self) -> None:
         """Log stats every interval until the engine core's pipe closes (it died)."""

@@ -58,10 +58,16 @@ class ServingState:
             accepted = [round(drafts * r) for r in rates]
             self._drafts += drafts
             self._accepted = [a + b for a, b in zip(self._accepted, accepted, strict=True)]
-            return stats, lines.spec_line(drafts, accepted, seconds)
+            # newer vLLMs add "Current speculative depth": the sim alternates both wordings
+            depth = self.spec.num_tokens if self._requests % 2 else None
+            return stats, lines.spec_line(drafts, accepted, seconds, depth)
 
-    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
-        prompt = str(body.get("prompt", ""))
+    def complete(self, body: dict[str, Any], chat: bool = False) -> dict[str, Any]:
+        """An OpenAI-shaped answer: a completion, or a chat completion."""
+        messages = body.get("messages") if chat else None
+        prompt = " ".join(str(m.get("content", "")) for m in messages
+                          if isinstance(m, dict)) if isinstance(messages, list) \
+            else str(body.get("prompt", ""))
         words = REPLY.split()[: max(1, int(body.get("max_tokens", 16)))]
         usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(words)}
         with self._lock:
@@ -69,11 +75,18 @@ class ServingState:
             self._prompt_tokens += usage["prompt_tokens"]
             self._generation_tokens += usage["completion_tokens"]
             number = self._requests
+        text = " ".join(words)
+        choice: dict[str, Any] = (
+            {"index": 0, "message": {"role": "assistant", "content": text},
+             "finish_reason": "length"} if chat else
+            {"index": 0, "text": " " + text, "logprobs": None, "finish_reason": "length",
+             "stop_reason": None})
         return {
-            "id": f"cmpl-sim-{number}", "object": "text_completion", "created": int(time.time()),
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-sim-{number}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
             "model": body.get("model", self.served_name),
-            "choices": [{"index": 0, "text": " " + " ".join(words), "logprobs": None,
-                         "finish_reason": "length", "stop_reason": None}],
+            "choices": [choice],
             "usage": {**usage, "total_tokens": sum(usage.values())},
             "system_fingerprint": f"vllm-{VERSION}",
         }
@@ -159,7 +172,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(length) or b"{}")
         except ValueError:
             body = None
-        if self.path != "/v1/completions":
+        if self.path not in ("/v1/completions", "/v1/chat/completions"):
             code, reply = 404, {"detail": "Not Found"}
         elif not isinstance(body, dict):
             code, reply = 400, {"error": {"message": "invalid JSON body", "code": 400}}
@@ -167,7 +180,7 @@ class _Handler(BaseHTTPRequestHandler):
             code, reply = 500, {"error": {"message": "EngineCore encountered an issue. See "
                                           "stack trace (above) for the root cause.", "code": 500}}
         else:
-            code, reply = 200, state.complete(body)
+            code, reply = 200, state.complete(body, chat=self.path.endswith("/chat/completions"))
         self._json(code, reply)
         host, port = self.client_address[:2]
         self.server.log.line(f'INFO:     {host}:{port} - "{self.requestline}" {code} '

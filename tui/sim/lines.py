@@ -151,14 +151,17 @@ def stats_line(prompt_tps: float, gen_tps: float, running: int, kv_usage: float,
             f"Prefix cache hit rate: {prefix_hit:.1f}%")
 
 
-def spec_line(drafts: int, accepted_per_pos: list[int], seconds: float) -> str:
-    """vLLM's SpecDecodingLogging line (v0.16 wording, without "Current speculative depth")."""
+def spec_line(drafts: int, accepted_per_pos: list[int], seconds: float,
+              depth: int | None = None) -> str:
+    """vLLM's SpecDecodingLogging line: v0.16's wording, or with `depth` the newer one that
+    adds "Current speculative depth"."""
     accepted = sum(accepted_per_pos)
     drafted = drafts * len(accepted_per_pos)
     mean_len = 1 + accepted / drafts if drafts else 0.0
     per_pos = ", ".join(f"{a / drafts if drafts else 0.0:.3f}" for a in accepted_per_pos)
     rate = 100.0 * accepted / drafted if drafted else 0.0
-    return (f"SpecDecoding metrics: Mean acceptance length: {mean_len:.2f}, "
+    depth_text = f"Current speculative depth: {depth}, " if depth is not None else ""
+    return (f"SpecDecoding metrics: Mean acceptance length: {mean_len:.2f}, {depth_text}"
             f"Accepted throughput: {accepted / seconds:.2f} tokens/s, "
             f"Drafted throughput: {drafted / seconds:.2f} tokens/s, "
             f"Accepted: {accepted} tokens, Drafted: {drafted} tokens, "

@@ -3,9 +3,9 @@
 Format: `(<Proc> pid=<N>) <LEVEL> <MM-DD> <HH:MM:SS> [<file>.py:<line>] <message>`. Every line
 this process writes itself ends with ` [sim#<n>]`, n counting per process from 1, so a test can
 prove that a pipeline lost or doubled nothing. Python's own traceback text (worker errors,
-bare tracebacks) carries no counter: `check_sequences` in tests/test_sim.py counts only the
-tagged lines. Each record is one `os.write`
-to the inherited fd, so lines of concurrent processes appending to one log never interleave.
+bare tracebacks) and the `--sim-flood` firehose carry no counter: `check_sequences` in
+tests/test_sim.py counts only the tagged lines. Each record is one `os.write` to the inherited
+fd, so lines of concurrent processes appending to one log never interleave.
 """
 
 from __future__ import annotations
@@ -44,6 +44,10 @@ class SimLog:
             self._seq += 1
             head = self.prefix if prefixed else ""
             _write(fd, f"{head}{text} [sim#{self._seq}]\n")
+
+    def raw(self, text: str) -> None:
+        """Text written as is, in one write: whole lines, no prefix, no counter."""
+        _write(STDOUT, text)
 
     def exception(self, src: str, message: str, exc: BaseException) -> None:
         """`logger.exception`: the message, then the traceback, each line under the same header."""

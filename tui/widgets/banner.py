@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from tui.core.logline import strip_escapes
 from tui.messages import AlertRaised
 
 # the worst news stays up: a later, milder alert does not hide a death
@@ -30,9 +31,9 @@ class Banner(Static):
         for k in KINDS:
             self.set_class(k == kind, f"-{k}")
         self.kind = kind
-        text = Text(title, style="bold")
+        text = Text(strip_escapes(title), style="bold")  # local and remote words alike
         if detail:
-            text.append("\n" + detail)
+            text.append("\n" + "\n".join(strip_escapes(line) for line in detail.splitlines()))
         self.update(text)
         self.display = True
 

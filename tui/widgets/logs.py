@@ -15,6 +15,7 @@ from rich.segment import Segment
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.events import Key, MouseScrollUp
 from textual.geometry import Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
@@ -26,7 +27,8 @@ from tui.core.logwindow import Entry, LogWindow
 from tui.messages import LogLines, RootCauseFound, RunReset
 
 CAUSE_MARK = "▶ ROOT CAUSE "
-MAX_DRAWN = 2000  # characters of one line drawn; the rest stays in the file
+MAX_DRAWN = 2000
+TAB = 8  # characters of one line drawn; the rest stays in the file
 _ERROR_RE = re.compile(r"^(Traceback \(most recent call last\)|\w*(Error|Exception)\b)")
 
 
@@ -37,16 +39,13 @@ class NeedOlder(Message):
     before: int
 
 
-@dataclass
-class NeedTail(Message):
-    """Following again after scrolling far back: re-anchor at the log's end."""
-
-
 def _coloured(raw: str, plain: str) -> Text:
     """vLLM's own colours (SGR only: every other sequence was removed by keep_colours), when
-    they colour exactly the visible text; otherwise the plain text."""
+    they colour exactly the visible text; otherwise the plain text. Tabs are expanded here: a
+    tab must not reach the terminal (it would move the cursor past the pane)."""
     if "\x1b[" in raw and len(raw) <= MAX_DRAWN:
         text = Text.from_ansi(keep_colours(raw), no_wrap=True, end="")
+        text.expand_tabs(TAB)
         if text.plain == plain:
             return text
     return Text(plain, no_wrap=True)
@@ -62,10 +61,10 @@ class LogView(ScrollView, can_focus=True):
         self.following = True
         self.cause_offset: int | None = None
         self.pattern: re.Pattern[str] | None = None
-        self.current_match: int | None = None
+        self.match_offset: int | None = None  # the current search match, by byte offset
         self._width = 0
         self._asked_before: int | None = None
-        self._hold: int | None = None  # a line index the view was jumped to
+        self._hold: int | None = None  # the byte offset of a line the view was jumped to
 
     # -- content ---------------------------------------------------------------------------
 
@@ -79,7 +78,7 @@ class LogView(ScrollView, can_focus=True):
         if self.following:
             self.scroll_end(animate=False)  # after the refresh that knows the new size
         elif self._hold is not None:
-            self._center(max(0, self._hold - dropped))
+            self._center(self._hold)
         elif dropped:
             self.scroll_to(y=max(0, self.scroll_y - dropped), animate=False, immediate=True)
         self.refresh()
@@ -93,15 +92,9 @@ class LogView(ScrollView, can_focus=True):
         self.scroll_to(y=self.scroll_y + max(0, added), animate=False, immediate=True)
         self.refresh()
 
-    def reanchor(self, entries: list[Entry]) -> None:
-        self.window.reset(entries)
-        self._resize()
-        self.scroll_end(animate=False, immediate=True)
-        self.refresh()
-
     def reset(self) -> None:
         self.window.clear()
-        self.cause_offset = self.pattern = self.current_match = None
+        self.cause_offset = self.pattern = self.match_offset = None
         self.following, self._width, self._asked_before, self._hold = True, 0, None, None
         self._resize()
         self.refresh()
@@ -114,9 +107,10 @@ class LogView(ScrollView, can_focus=True):
         view = self.window.view(self.raw)
         top = view[int(self.scroll_y)].line.offset if int(self.scroll_y) < len(view) else None
         self.raw = raw
-        self.current_match = None
         self._resize()
-        if self.following or top is None:
+        if self._hold is not None and not self.following:
+            self._center(self._hold)
+        elif self.following or top is None:
             self.scroll_end(animate=False, immediate=True)
         else:
             index = self.window.find(top, raw)
@@ -128,33 +122,36 @@ class LogView(ScrollView, can_focus=True):
     def follow(self, on: bool) -> None:
         self.following, self._hold = on, None
         if on:
-            if self.window.detached:
-                self.post_message(NeedTail())
-            self.scroll_end(animate=False, immediate=True)
+            self.window.resume()
+            self._resize()
+            self.scroll_end(animate=False)
+            self.refresh()
 
     def show_offset(self, offset: int) -> bool:
         """Put the line at `offset` in the middle of the screen and hold the view there."""
-        index = self.window.find(offset, self.raw)
-        if index is None:
+        if self.window.find(offset, self.raw) is None:
             return False
         self.following = False
-        self._center(index)
+        self._center(offset)
         return True
 
-    def _center(self, index: int) -> None:
-        """Scroll so `index` is mid-screen, once the layout knows the new virtual size (lines
-        that arrived in the same batch would otherwise clamp the scroll short of them), and
-        keep it there when the pane is resized (the banner appearing shrinks it)."""
-        self._hold = index
+    def _center(self, offset: int) -> None:
+        """Scroll so the line at byte `offset` is mid-screen, once the layout knows the new
+        virtual size (lines that arrived in the same batch would otherwise clamp the scroll
+        short of them), and keep it there through resizes, new lines, older pages and the
+        raw/filtered switch (held by offset, not by index)."""
+        self._hold = offset
 
         def scroll() -> None:
-            self.scroll_to(y=max(0, index - self.size.height // 2), animate=False,
-                           immediate=True)
+            index = self.window.find(offset, self.raw)
+            if index is not None:
+                self.scroll_to(y=max(0, index - self.size.height // 2), animate=False,
+                               immediate=True)
             self.refresh()
         self.call_after_refresh(scroll)
 
     def search(self, pattern: re.Pattern[str] | None) -> int:
-        self.pattern, self.current_match = pattern, None
+        self.pattern, self.match_offset = pattern, None
         self.refresh()
         return self.step(+1) if pattern is not None else 0
 
@@ -164,16 +161,19 @@ class LogView(ScrollView, can_focus=True):
             return 0
         hits = self.window.matches(self.pattern, self.raw)
         if not hits:
-            self.current_match = None
+            self.match_offset = None
             self.refresh()
             return 0
-        here = self.current_match if self.current_match is not None else int(self.scroll_y) - 1
+        view = self.window.view(self.raw)
+        current = None if self.match_offset is None else self.window.find(self.match_offset,
+                                                                          self.raw)
+        here = current if current is not None else int(self.scroll_y) - 1
         after = [h for h in hits if (h > here if direction > 0 else h < here)]
         target = (after[0] if direction > 0 else after[-1]) if after else (
             hits[0] if direction > 0 else hits[-1])
-        self.current_match = target
+        self.match_offset = view[target].line.offset
         self.following = False
-        self._center(target)
+        self._center(self.match_offset)
         return len(hits)
 
     def on_resize(self) -> None:
@@ -182,11 +182,19 @@ class LogView(ScrollView, can_focus=True):
         elif self._hold is not None:
             self._center(self._hold)
 
+    def forget_request(self) -> None:
+        self._asked_before = None
+
     def _maybe_older(self) -> None:
         start = self.window.start
         if int(self.scroll_y) == 0 and start > 0 and self._asked_before != start:
             self._asked_before = start
             self.post_message(NeedOlder(start))
+
+    def on_mouse_scroll_up(self, event: MouseScrollUp) -> None:
+        """The wheel up holds the view (and loads older lines at the top), as the keys do."""
+        self.following, self._hold = False, None
+        self.call_after_refresh(self._maybe_older)
 
     def action_scroll_up(self) -> None:
         self.following, self._hold = False, None
@@ -220,7 +228,8 @@ class LogView(ScrollView, can_focus=True):
         width = self.size.width
         if index >= len(view):
             return Strip.blank(width, self.rich_style)
-        text = self.line_text(view[index], index == self.current_match)
+        entry = view[index]
+        text = self.line_text(entry, entry.line.offset == self.match_offset)
         segments = [Segment(s.text, s.style) for s in text.render(self.app.console)
                     if s.text != "\n"]
         return Strip(segments).crop_extend(scroll_x, scroll_x + width, self.rich_style)
@@ -230,6 +239,7 @@ class LogView(ScrollView, can_focus=True):
         line = entry.line
         plain = line.plain if len(line.plain) <= MAX_DRAWN else (
             line.plain[:MAX_DRAWN] + f" … ({len(line.plain) - MAX_DRAWN} more characters)")
+        plain = plain.expandtabs(TAB)
         text = _coloured(line.raw, plain)
         rule = entry.rule
         shift = 0  # where the line's own text starts (after a marker)
@@ -317,9 +327,10 @@ class LogPane(Vertical):
     # -- actions the app forwards ----------------------------------------------------------
 
     def toggle_raw(self) -> None:
-        self.view.set_raw(not self.view.raw)
-        if self.view.pattern is not None:
-            self.match_count = self.view.step(+1)
+        view = self.view
+        view.set_raw(not view.raw)
+        if view.pattern is not None:  # the same search, counted in the other view
+            self.match_count = len(view.window.matches(view.pattern, view.raw))
         self.update_header()
 
     def toggle_follow(self) -> None:
@@ -353,9 +364,11 @@ class LogPane(Vertical):
         self.view.focus()
         self.update_header()
 
-    def close_search(self) -> None:
+    def on_key(self, event: Key) -> None:
+        """Esc in the search box closes it (the search already made stays)."""
         box = self.query_one("#log-search", Input)
-        if box.display:
+        if event.key == "escape" and box.display:
+            event.stop()
             box.display = False
             self.view.focus()
 

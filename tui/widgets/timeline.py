@@ -9,8 +9,8 @@ from textual.widget import Widget
 from tui.core.describe import duration
 from tui.core.protocol import Check
 from tui.core.status import RunView, timeline_rows
-from tui.messages import PreflightShown, RunChanged
-from tui.widgets.format import bar
+from tui.messages import HistoryShown, PreflightShown, RunChanged, SpecDecodeChanged
+from tui.widgets.format import bar, sparkline
 
 
 class TimelinePane(Widget, can_focus=True):
@@ -19,6 +19,16 @@ class TimelinePane(Widget, can_focus=True):
         self.view: RunView | None = None
         self.now = 0.0
         self.checks: tuple[Check, ...] = ()
+        self.previous = ""
+        self.spec: SpecDecodeChanged | None = None
+
+    def on_history_shown(self, message: HistoryShown) -> None:
+        self.previous = message.text
+        self.refresh(layout=True)
+
+    def on_spec_decode_changed(self, message: SpecDecodeChanged) -> None:
+        self.spec = message
+        self.refresh(layout=True)
 
     def on_run_changed(self, message: RunChanged) -> None:
         self.view, self.now = message.view, message.now
@@ -29,7 +39,8 @@ class TimelinePane(Widget, can_focus=True):
         self.refresh(layout=True)
 
     def reset(self) -> None:
-        self.view, self.checks = None, ()
+        """A new run: its preflight verdict (which came just before) stays."""
+        self.view, self.spec = None, None
         self.refresh(layout=True)
 
     def get_content_height(self, container: object, viewport: object, width: int) -> int:
@@ -37,6 +48,8 @@ class TimelinePane(Widget, can_focus=True):
 
     def render(self) -> Text:
         out = Text(no_wrap=True, overflow="ellipsis")
+        if self.previous:
+            out.append(self.previous + "\n", style="dim")
         if self.checks:
             bad = [c for c in self.checks if not c.ok]
             out.append("preflight ", style="bold")
@@ -60,7 +73,10 @@ class TimelinePane(Widget, can_focus=True):
             out.append(f" {'+' + duration(row.start_s):>8} {duration(row.duration_s):>7}")
             if row.detail:
                 out.append(f" {row.detail}", style="" if row.current else "dim")
-            room = width - 42 - len(row.detail)
+            if row.usual_s is not None:
+                out.append(f" usually {duration(row.usual_s)}",
+                           style="bold yellow" if row.slow else "dim")
+            room = width - 42 - len(row.detail) - (16 if row.usual_s is not None else 0)
             if row.current and row.progress is not None and room >= 6:
                 out.append(" ")
                 out.append_text(bar(row.progress, room - 1, "yellow"))
@@ -72,4 +88,32 @@ class TimelinePane(Widget, can_focus=True):
         if eta is not None:
             out.append(f" · ETA ~{duration(eta)}" if eta > 0 else " · over the expected time",
                        style="cyan" if eta > 0 else "yellow")
+        if self.spec is not None:
+            out.append_text(spec_readout(self.spec, width))
         return out
+
+
+def spec_readout(spec: SpecDecodeChanged, width: int) -> Text:
+    """Acceptance rate and mean acceptance length with their trend, then acceptance per draft
+    position as bars; the server's counters when /metrics gave them."""
+    out = Text("\nspeculative decoding", style="bold")
+    interval, totals = spec.interval, spec.totals
+    if interval is not None:
+        out.append(f"  acceptance {interval.acceptance_rate:.1f} %", style="bold cyan")
+        out.append(f" · mean length {interval.mean_acceptance_length:.2f}")
+        if len(spec.trend) > 1:
+            out.append(" trend ")
+            out.append(sparkline(tuple(int(r * 10) for r in spec.trend), 1000, 20),
+                       style="cyan")
+    per_position: tuple[float, ...] = interval.per_position if interval is not None else ()
+    if not per_position and totals is not None and totals.drafts:
+        per_position = tuple(a / totals.drafts for a in totals.accepted_per_position)
+    bar_w = max(6, min(30, width - 16))
+    for pos, rate in enumerate(per_position):
+        out.append(f"\n  pos {pos} ")
+        out.append_text(bar(rate, bar_w, "cyan"))
+        out.append(f" {rate:.2f}")
+    if totals is not None:
+        out.append(f"\n  /metrics: {totals.drafts:,} drafts · {totals.draft_tokens:,} drafted · "
+                   f"{totals.accepted_tokens:,} accepted", style="dim")
+    return out

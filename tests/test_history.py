@@ -1,0 +1,266 @@
+"""Launch history, ETA from past launches, hooks, the smoke request and the spec-decode readout:
+tables for the pure parts, real simulated launches for the rest."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import carriers, sim_profile
+
+from tui.core.phases import Phase
+from tui.core.profile import load_profile
+from tui.core.protocol import HttpReply
+from tui.core.state import Died, Ready, State
+from tui.core.status import RunView, status_line, timeline_rows
+from tui.core.timeline import PhaseSpan
+from tui.history import History, Launch, diff
+from tui.hooks import hook_env, run_hook
+from tui.supervisor import (
+    HistoryLoaded,
+    Notice,
+    SmokeDone,
+    SpecDecodeSeen,
+    Supervisor,
+    smoke_result,
+)
+
+T0 = 1_800_000_000.0
+
+
+def launch(run_id: str, started: float, took: float | None, **kw: object) -> Launch:
+    kw.setdefault("phases", (("reading config", 1.0, 60.0), ("loading weights", 61.0, 660.0),
+                             ("allocating KV cache", 721.0, 30.0)))
+    kw.setdefault("profile", "kimi@gpu-7")
+    kw.setdefault("host", "gpu-7")
+    return Launch(run_id, started=started, outcome="ready" if took else "dead", took=took,
+                  **kw)  # type: ignore[arg-type]
+
+
+# -- the store --------------------------------------------------------------------------------
+
+def test_history_records_finds_by_prefix_and_gives_medians(tmp_path: Path) -> None:
+    h = History(tmp_path / "h.sqlite3")
+    h.record(launch("kimi-20261201-a", T0, 800.0))
+    h.record(launch("kimi-20261202-b", T0 + 86400, 900.0,
+                    phases=(("loading weights", 61.0, 720.0),)))
+    h.record(launch("kimi-20261203-c", T0 + 2 * 86400, None, exit_code=1, cause="SyntaxError"))
+    assert [x.run_id for x in h.launches("kimi@gpu-7")] == [
+        "kimi-20261203-c", "kimi-20261202-b", "kimi-20261201-a"]
+    assert h.get("kimi-20261202").run_id == "kimi-20261202-b"
+    with pytest.raises(LookupError):
+        h.get("kimi-2026120")
+    assert h.last("kimi@gpu-7", "gpu-7", before="kimi-20261203-c").run_id == "kimi-20261202-b"
+    # only launches that reached READY count for the ETA
+    assert h.expected_phases("kimi@gpu-7", "gpu-7") == {
+        "reading config": 60.0, "loading weights": 690.0, "allocating KV cache": 30.0}
+    assert h.update("kimi-20261203-c", outcome="stopped").outcome == "stopped"
+    assert h.update("nope", outcome="x") is None
+
+
+def test_diff_says_what_changed() -> None:
+    a = launch("a", T0, 800.0, args=("--max-model-len", "8192"), env_names=("HF_TOKEN",),
+               engine_version="0.16.0")
+    b = launch("b", T0 + 1, None, args=("--max-model-len", "16384"),
+               env_names=("HF_TOKEN", "VLLM_USE_V1"), engine_version="0.16.1rc1",
+               phases=(("reading config", 1.0, 61.0), ("loading weights", 62.0, 1080.0)))
+    assert diff(a, b) == [
+        "args: -8192 +16384", "env: +VLLM_USE_V1", "engine version: 0.16.0 → 0.16.1rc1",
+        "loading weights: 11m00s → 18m00s", "allocating KV cache: 30.0s → not reached",
+        "outcome: READY in 13m20s → DEAD"]
+    assert diff(a, a) == []
+
+
+# -- ETA from the history ----------------------------------------------------------------------
+
+USUAL = {"reading config": 60.0, "loading weights": 660.0, "allocating KV cache": 30.0}
+
+
+@pytest.mark.parametrize(("now", "expected"), [
+    (T0 + 361, "loading weights 43 % · 6m01s · ETA ~6m30s"),  # 360 s of weights + 30 s KV
+    (T0 + 1141, "loading weights 43 % · 19m01s · ETA ~30.0s · ⚠ loading weights: 18m00s, "
+                "usually 11m00s"),
+])
+def test_eta_and_overrun_come_from_past_launches(now: float, expected: str) -> None:
+    spans = (PhaseSpan(Phase.CONFIG, T0 + 1, T0 + 61), PhaseSpan(Phase.WEIGHTS, T0 + 61, None,
+                                                                 0.43))
+    view = RunView(State.LOADING, spans, T0, None, 1500.0, usual=USUAL)
+    assert status_line(view, now) == expected
+    rows = timeline_rows(view, now)
+    assert [r.usual_s for r in rows] == [60.0, 660.0]
+    assert rows[1].slow is (now - (T0 + 61) >= 990)
+
+
+# -- hooks --------------------------------------------------------------------------------------
+
+async def test_a_hook_gets_the_event_in_its_environment(tmp_path: Path) -> None:
+    out = tmp_path / "env.json"
+    env = hook_env(os.environ, "dead", {"cause": "SyntaxError \x1b]0;x\x07here", "exit_code": 1})
+    script = f"import json, os; json.dump(dict(os.environ), open({str(out)!r}, 'w'))"
+    cmd = f"{sys.executable} -c {shlex.quote(script)}"
+    assert await run_hook(cmd, env, 5) is None
+    seen = json.loads(out.read_text())
+    assert seen["SPECCONSOLE_EVENT"] == "dead" and seen["SPECCONSOLE_EXIT_CODE"] == "1"
+    assert seen["SPECCONSOLE_CAUSE"] == "SyntaxError here"  # no escape sequence passes
+
+
+async def test_a_failing_or_hanging_hook_is_said_not_waited_for() -> None:
+    assert await run_hook("echo nope >&2; exit 3", dict(os.environ), 5) == "exited 3: nope"
+    start = time.monotonic()
+    assert await run_hook("sleep 30", dict(os.environ), 0.3) == \
+        "timed out after 0.3s and was killed"
+    assert time.monotonic() - start < 3
+
+
+# -- smoke replies -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("reply", "kind", "expected"), [
+    (HttpReply(200, 0.25, json.dumps({"choices": [{"text": "\n Hello there.\nMore"}],
+                                      "usage": {"completion_tokens": 5}})), "completion",
+     SmokeDone(True, 0.25, 5, "Hello there.")),
+    (HttpReply(200, 0.5, json.dumps({"choices": [{"message": {"content": "Hi!"}}]})), "chat",
+     SmokeDone(True, 0.5, None, "Hi!")),
+    (HttpReply(500, 0.1, '{"error": "EngineCore encountered an issue"}'), "completion",
+     SmokeDone(False, 0.1, None, "", 'HTTP 500: {"error": "EngineCore encountered an issue"}')),
+    (HttpReply(None, 30.0, ""), "completion", SmokeDone(False, 30.0, None, "", "no answer: ")),
+    (HttpReply(200, 0.1, "<html>"), "chat",
+     SmokeDone(False, 0.1, None, "", "the reply is not an OpenAI answer")),
+])
+def test_smoke_reply_in_words(reply: HttpReply, kind: str, expected: SmokeDone) -> None:
+    assert smoke_result(reply, kind) == expected
+
+
+# -- on a real simulated launch -----------------------------------------------------------------
+
+HOOKS = """
+[alerts]
+on_ready = "echo ready $SPECCONSOLE_RUN_ID >> {log}"
+on_dead = "echo dead $SPECCONSOLE_PROCESS $SPECCONSOLE_EXIT_CODE $SPECCONSOLE_CAUSE >> {log}"
+[smoke]
+enabled = true
+kind = "{kind}"
+"""
+
+
+async def _until(events: asyncio.Queue, kind: type, timeout: float = 30) -> object:
+    async def first() -> object:
+        while not isinstance(event := await events.get(), kind):
+            pass
+        return event
+    return await asyncio.wait_for(first(), timeout)
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+async def test_ready_launch_is_recorded_hooked_smoked_and_reads_spec_decoding(
+        tmp_path: Path, cleanup: list[str], kind: str) -> None:
+    log = tmp_path / "hooks.log"
+    extra = HOOKS.format(log=log, kind=kind)
+    profile = load_profile(sim_profile(tmp_path, "ready", time_scale=300, extra=extra),
+                           environ={**os.environ, "HF_TOKEN": "hf_secretvalue123"})
+    history = History(tmp_path / "h.sqlite3")
+    sup = Supervisor(profile, history=history, environ={**os.environ})
+    sup.metrics_interval = 1.0
+    events = sup.subscribe()
+    try:
+        await sup.launch(skip_preflight=True)
+        cleanup.append(sup.run.run_id)
+        loaded = await _until(events, HistoryLoaded)
+        assert loaded.previous is None and loaded.usual == {}
+        ready = await _until(events, Ready)
+        smoke = await _until(events, SmokeDone)
+        assert smoke.ok and smoke.first_line.startswith("Hello"), smoke
+        assert smoke.tokens == len(smoke.first_line.split())  # the sim's tokens are words
+        record = history.get(sup.run.run_id)
+        assert record.outcome == "ready" and record.took == pytest.approx(ready.took, abs=0.01)
+        assert [p[0] for p in record.phases][:2] == ["launching", "reading config"]
+        assert record.engine_version and "serve" in record.command
+        spec = await _until(events, SpecDecodeSeen, 30)
+        while spec.totals.drafts == 0:  # the counters exist from the start, at zero
+            spec = await _until(events, SpecDecodeSeen, 30)
+        assert len(spec.totals.accepted_per_position) == 5
+        assert sup.machine.spec_decode is not None
+        await sup.kill(1.0)
+        assert history.get(sup.run.run_id).outcome == "ready"  # a kill after READY: still ready
+    finally:
+        await sup.close()
+    assert log.read_text().split() == ["ready", sup.run.run_id]
+
+
+async def test_dead_launch_is_recorded_with_its_cause_and_its_hook(tmp_path: Path,
+                                                                   cleanup: list[str]) -> None:
+    log = tmp_path / "hooks.log"
+    profile = load_profile(sim_profile(tmp_path, "syntax-error", time_scale=75,
+                                       extra=HOOKS.format(log=log, kind="completion")))
+    history = History(tmp_path / "h.sqlite3")
+    history.record(launch("syntax-error-older", T0, 800.0, profile=profile.key,
+                          host=profile.host.target))
+    sup = Supervisor(profile, history=history)
+    events = sup.subscribe()
+    try:
+        await sup.launch(skip_preflight=True)
+        cleanup.append(sup.run.run_id)
+        loaded = await _until(events, HistoryLoaded)
+        assert loaded.previous.run_id == "syntax-error-older"
+        assert loaded.usual["loading weights"] == 660.0
+        await _until(events, Died)
+        await asyncio.sleep(1.0)
+        record = history.get(sup.run.run_id)
+        assert record.outcome == "dead" and record.exit_code == 1
+        assert "SyntaxError" in record.cause
+        await sup.kill(1.0)
+        assert history.get(sup.run.run_id).outcome == "dead"
+    finally:
+        await sup.close()  # waits for the hook
+    line = log.read_text()
+    assert line.startswith("dead Worker_TP") and " 1 SyntaxError" in line
+    assert sup.machine.state is State.STOPPED
+
+
+async def test_a_broken_history_is_one_notice_and_supervision_goes_on(tmp_path: Path,
+                                                                     cleanup: list[str]) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    sup = Supervisor(load_profile(sim_profile(tmp_path, "ready", time_scale=300)),
+                     history=History(blocker / "h.sqlite3"))
+    events = sup.subscribe()
+    try:
+        await sup.launch(skip_preflight=True)
+        cleanup.append(sup.run.run_id)
+        notice = await _until(events, Notice)
+        assert "launch history not written" in notice.text
+        await _until(events, Ready)
+        await sup.kill(1.0)
+    finally:
+        await sup.close()
+    assert carriers(sup.run.run_id) == []
+
+
+def test_history_command_lists_and_diffs(tmp_path: Path) -> None:
+    env = {**os.environ, "SPECCONSOLE_DATA_DIR": str(tmp_path)}
+    history = History(tmp_path / "history.sqlite3")
+    history.record(launch("kimi-20261201-a", T0, 800.0, engine_version="0.16.0"))
+    history.record(launch("kimi-20261202-b", T0 + 60, None, exit_code=1,
+                          cause="SyntaxError: invalid syntax (kimi_k25.py, line 12)",
+                          ended=T0 + 83, engine_version="0.16.1rc1"))
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tui", *args], env=env, text=True,
+                              capture_output=True, timeout=60)
+
+    listed = cli("history")
+    assert listed.returncode == 0
+    lines = listed.stdout.splitlines()
+    assert "kimi-20261202-b" in lines[0] and "DEAD after 23.0s (exit 1): SyntaxError" in lines[0]
+    assert "kimi-20261201-a" in lines[1] and "READY in 13m20s" in lines[1]
+    changed = cli("history", "--diff", "kimi-20261201", "kimi-20261202")
+    assert changed.returncode == 0
+    assert "engine version: 0.16.0 → 0.16.1rc1" in changed.stdout
+    missing = cli("history", "--diff", "kimi-2026", "zzz")
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
