@@ -160,7 +160,9 @@ async def test_kill_confirms_escalates_and_leaves_no_process(tmp_path: Path,
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("n")  # no: nothing happens
         assert not isinstance(app.screen, ConfirmScreen) and carriers(run_id)
-        await pilot.press("k", "y")
+        await pilot.press("k", "enter")  # a reflexive Enter does not kill
+        assert isinstance(app.screen, ConfirmScreen) and carriers(run_id)
+        await pilot.press("y")
         await until(pilot, lambda: sup.machine.state is State.STOPPED, what="STOPPED")
         await until(pilot, lambda: "STOPPED" in banner_text(app), what="the kill report")
         text = banner_text(app)

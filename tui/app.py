@@ -59,6 +59,8 @@ WINDOW_MARKS = {"dead": "✗ DEAD", "stalled": "⚠ STALLED", "ready": "✓ READ
 
 
 class ConsoleApp(App[str]):
+    """The console for one profile: returns, on quit, what it says about the server."""
+
     CSS_PATH = "specconsole.tcss"
     TITLE = "specconsole"
     BINDINGS = bindings()
@@ -306,13 +308,12 @@ class ConsoleApp(App[str]):
         self._cycle(-1)
 
     def _cycle(self, direction: int) -> None:
-        if not isinstance(self.screen, Screen) or self.screen is not self.screen_stack[0]:
+        if len(self.screen_stack) > 1:  # a confirmation or help is open: tab is theirs
             return
-        order = ("pane-logs", "pane-gpus", "pane-procs", "pane-timeline")
-        current = next((p for p in order if self.focused is not None
+        current = next((p for p in PANES if self.focused is not None
                         and self.query_one(f"#{p}") in self.focused.ancestors_with_self),
                        self.shown_pane)
-        self._show_pane(order[(order.index(current) + direction) % len(order)])
+        self._show_pane(PANES[(PANES.index(current) + direction) % len(PANES)])
 
     def _show_pane(self, pane_id: str) -> None:
         self.shown_pane = pane_id

@@ -73,6 +73,8 @@ def previous_text(previous: Launch | None) -> str:
 
 @dataclass
 class Bridge:
+    """Supervisor events in, console messages out, for one Supervisor (across restarts)."""
+
     sup: Supervisor
     procs: ProcTree = field(default_factory=ProcTree)
     gpus: GpuHistory = field(default_factory=GpuHistory)
@@ -112,7 +114,7 @@ class Bridge:
                 self.kill_steps = []
                 self.spec_interval = self.spec_totals = None
                 self.spec_trend.clear()
-                out.append(RunReset(event.run.run_id, event.run.pid, event.run.attached))
+                out.append(RunReset())
                 procs_changed = gpus_changed = run_changed = True
             elif isinstance(event, ProcsSeen):
                 self.procs.update(event.procs)
@@ -164,6 +166,7 @@ class Bridge:
                 out.append(AlertRaised("killing", "KILLING — " + " → ".join(self.kill_steps)))
             elif isinstance(event, KillDone):
                 out.append(self._killed(event))
+                self.kill_steps = []
                 procs_changed = run_changed = True
             elif isinstance(event, Fatal):
                 self.link = "NOT WATCHING (restart the console or press r)"
@@ -202,7 +205,7 @@ class Bridge:
                                           ring=isinstance(event, Died))]
         if death.cause is not None and death.cause.offset != self._cause_offset:
             self._cause_offset = death.cause.offset
-            out.append(RootCauseFound(death.cause.offset, death.cause.line))
+            out.append(RootCauseFound(death.cause.offset))
         return out
 
     def _smoke(self, event: SmokeDone) -> AlertRaised:

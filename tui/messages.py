@@ -30,7 +30,6 @@ class RootCauseFound(Message):
     """The root cause's line, by byte offset: mark it and jump to it."""
 
     offset: int
-    line: str
 
 
 @dataclass
@@ -77,10 +76,6 @@ class PreflightShown(Message):
 @dataclass
 class RunReset(Message):
     """A new run begins (launch, restart, attach): panes start empty."""
-
-    run_id: str
-    pid: int
-    attached: bool
 
 
 @dataclass

@@ -489,6 +489,8 @@ class Supervisor:
                         self._emit([LinkRestored(session.host)])
                         backoff = BACKOFF_START_S
                     self._dispatch(event)
+                    if isinstance(event, LogChunk):  # a backlog of chunks is read without a
+                        await asyncio.sleep(0)  # pause: let the screen draw between them
                 reason = "the agent ended"
             except (ConnectionLost, HostUnreachable) as exc:
                 reason = str(exc)
@@ -598,10 +600,10 @@ class Supervisor:
         if self.run is None:
             raise RunNotFound(f"no run of {self.profile.key} to kill")
         self._emit(self.machine.killing(self.clock()))
-        steps, killed = await launcher.kill(await self.connect(), self.profile,
-                                            self.run.run_dir, grace)
+        steps, killed = await launcher.kill(
+            await self.connect(), self.profile, self.run.run_dir, grace,
+            on_step=lambda step: self._emit([KillProgress(step)]))
         self.last_kill_steps = steps
-        self._emit([KillProgress(step) for step in steps])
         self._emit([KillDone(killed), *self.machine.stopped(self.clock())])
         return killed
 

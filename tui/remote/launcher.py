@@ -6,8 +6,9 @@ agent specs and the agent's answers into typed results.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from tui.core.protocol import (
     Runs,
 )
 from tui.core.speculative import speculative_checks
-from tui.remote.agent_link import AgentTarget, call_agent
+from tui.remote.agent_link import AgentTarget, call_agent, stream_agent
 from tui.remote.session import Session
 from tui.sim import FAKENVML_DIR, gpu_state
 
@@ -131,12 +132,28 @@ def _paths_to_check(profile: Profile) -> list[str]:
     return [p for p in paths if p.startswith(("/", "~", "."))]
 
 
-async def kill(session: Session, profile: Profile, run_dir: str, grace: float
+async def kill(session: Session, profile: Profile, run_dir: str, grace: float,
+               on_step: Callable[[KillStep], None] | None = None,
                ) -> tuple[list[KillStep], Killed]:
-    events = await call_agent(session, agent_target(profile), "kill",
-                              {"run_dir": run_dir, "grace": grace}, timeout=grace + 60)
-    steps = [ev for ev in events if isinstance(ev, KillStep)]
-    for ev in events:
-        if isinstance(ev, Killed):
-            return steps, ev
-    raise AgentError(session.host, "the agent did not report the end of the kill")
+    """TERM, KILL after the grace, sweep; each step reported to `on_step` as it happens (the
+    user watches the escalation), then what remains."""
+    steps: list[KillStep] = []
+
+    async def run() -> Killed | None:
+        async for ev in stream_agent(session, agent_target(profile), "kill",
+                                     {"run_dir": run_dir, "grace": grace}):
+            if isinstance(ev, KillStep):
+                steps.append(ev)
+                if on_step is not None:
+                    on_step(ev)
+            elif isinstance(ev, Killed):
+                return ev
+        return None
+
+    try:
+        killed = await asyncio.wait_for(run(), grace + 60)
+    except asyncio.TimeoutError:
+        killed = None
+    if killed is None:
+        raise AgentError(session.host, "the agent did not report the end of the kill")
+    return steps, killed

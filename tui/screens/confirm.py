@@ -1,4 +1,4 @@
-"""Confirm a destructive action (kill, restart) with y/Enter or cancel with n/Esc."""
+"""Confirm a destructive action (kill, restart) with y, or cancel with n/Esc."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from textual.widgets import Static
 
 class ConfirmScreen(ModalScreen[bool]):
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("y,enter", "answer(True)", "Yes", id="confirm-yes"),
+        Binding("y", "answer(True)", "Yes", id="confirm-yes"),
         Binding("n,escape", "answer(False)", "No", id="confirm-no")]
 
     def __init__(self, question: str, detail: str) -> None:
@@ -24,7 +24,8 @@ class ConfirmScreen(ModalScreen[bool]):
         with Vertical(id="confirm-box"):
             yield Static(self.question, id="confirm-question")
             yield Static(self.detail, id="confirm-detail")
-            yield Static("[b]y[/b] / Enter: yes    [b]n[/b] / Esc: no", id="confirm-keys")
+            yield Static("[b]y[/b]: yes    [b]n[/b] / Esc: no   (a reflexive Enter does nothing)",
+                         id="confirm-keys")
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)

@@ -14,6 +14,9 @@ from tui.widgets.format import bar, sparkline
 
 
 class TimelinePane(Widget, can_focus=True):
+    """Drawn from the last RunChanged, the preflight verdict, the previous launch and the
+    spec-decode readout; the app's clock tick keeps elapsed and ETA moving."""
+
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.view: RunView | None = None
