@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -264,3 +265,24 @@ def test_history_command_lists_and_diffs(tmp_path: Path) -> None:
     assert "engine version: 0.16.0 → 0.16.1rc1" in changed.stdout
     missing = cli("history", "--diff", "kimi-2026", "zzz")
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+
+
+async def test_history_never_holds_a_secret(tmp_path: Path, cleanup: list[str]) -> None:
+    secret = "hf_NeverInHistory12345"
+    profile = load_profile(sim_profile(tmp_path, "ready", time_scale=300))
+    server = replace(profile.server, secret_env=("HF_TOKEN",),
+                     args=(*profile.server.args, "--hf-token-echo", secret))
+    history = History(tmp_path / "h.sqlite3")
+    sup = Supervisor(replace(profile, server=server), history=history,
+                     environ={**os.environ, "HF_TOKEN": secret})
+    events = sup.subscribe()
+    try:
+        await sup.launch(skip_preflight=True)
+        cleanup.append(sup.run.run_id)
+        await _until(events, Ready)
+        await sup.kill(1.0)
+    finally:
+        await sup.close()
+    record = history.get(sup.run.run_id)
+    assert "HF_TOKEN" in record.env_names and "«redacted»" in record.command
+    assert secret.encode() not in (tmp_path / "h.sqlite3").read_bytes()
