@@ -159,3 +159,20 @@ async def test_banner_and_log_lines_draw_no_escape_or_tab() -> None:
     line = parse_line("\x1b[1;36m(Worker_TP0 pid=1)\x1b[0;0m a\tb", 0)
     text = LogView(LogWindow()).line_text(Entry(line, None), current=False)
     assert text.plain == "(Worker_TP0 pid=1) a    b"  # to the next tab stop, as a terminal
+
+
+def test_a_failed_smoke_request_is_up_but_not_serving() -> None:
+    from tui.bridge import Bridge
+    from tui.messages import AlertRaised
+    from tui.supervisor import SmokeDone
+
+    bridge = Bridge(Supervisor(load_profile(PROFILES / "demo.toml")))
+    bridge.ready_took = 1490.0
+    failed = bridge.translate([SmokeDone(False, 0.1, None, "", "HTTP 500: EngineCore …")], 0.0)
+    alert = next(m for m in failed if isinstance(m, AlertRaised))
+    assert alert.kind == "warning" and alert.title.startswith("UP BUT NOT SERVING (took 24m50s)")
+    assert "HTTP 500" in alert.detail and not alert.ring
+    served = bridge.translate([SmokeDone(True, 0.42, 16, "Hello there.")], 0.0)
+    alert = next(m for m in served if isinstance(m, AlertRaised))
+    assert alert.kind == "ready" and "answered in 0.42s, 16 tokens" in alert.title
+    assert alert.detail == "“Hello there.”"
