@@ -238,3 +238,15 @@ def test_attach_to_a_server_ready_long_ago_reports_its_real_load_time() -> None:
                                                  attach_at) if isinstance(e, Ready))
     assert 150 < ready.took < 200  # the log's "Application startup complete", not 3 days
     assert machine.state is State.READY
+
+
+def test_helpers_that_ended_cleanly_leave_the_tree_failures_and_server_stay() -> None:
+    tree = ProcTree()
+    tree.update(Procs(1.0, (proc(10, 1, "vllm"), proc(20, 10, "VLLM::EngineCor"),
+                            proc(40, 10, "cc1plus"), proc(41, 10, "python3"),
+                            proc(42, 20, "VLLM::Worker"))))
+    tree.ended(40, "cc1plus", 0, None)  # a compiler finished: gone
+    tree.ended(41, "python3", 1, None)  # a helper failed: news, stays
+    tree.ended(42, "Worker_TP0", 0, None)  # a worker exiting 0 is a death: stays
+    rows = tree.rows({10: "APIServer", 20: "EngineCore_DP0", 42: "Worker_TP0"})
+    assert [r.pid for r in rows] == [10, 20, 42, 41]

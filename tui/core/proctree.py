@@ -1,7 +1,8 @@
 """The run's process tree as the console shows it: live and dead rows, in tree order.
 
 Fed by the agent's snapshots (each dead process appears once with alive false) and by exit
-events; a dead process keeps its row, marked with its exit code, until the next launch.
+events; a dead server process (or a helper that failed) keeps its row, marked with its exit
+code, until the next launch; a helper that ended cleanly leaves.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tui.core.protocol import Gpus, ProcInfo, Procs
+from tui.core.state import is_server_role
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +83,11 @@ class ProcTree:
 
         def walk(pid: int, depth: int) -> None:
             info, dead = self._procs[pid].info, self._procs[pid].exit
-            out.append(ProcRow(depth, pid, names.get(pid, info.name),
+            name = names.get(pid, info.name)
+            if (not info.alive and dead in ("exit 0", "exit ?") and not children.get(pid)
+                    and not is_server_role(name)):
+                return  # a helper that came and went (compiler, inspection): not news
+            out.append(ProcRow(depth, pid, name,
                                "dead" if not info.alive else (info.state or "?"),
                                info.cpu if info.alive else None,
                                info.rss if info.alive else None,

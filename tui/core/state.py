@@ -68,6 +68,11 @@ _ROLE_BY_COMMAND = (("vllm.model_executor.models.registry", "model inspection"),
 _HANG_HEARTBEAT = "No available shared memory broadcast block found"
 
 
+def is_server_role(name: str) -> bool:
+    """One of vLLM's (or SGLang's) own processes, by the name the log or the kernel gives it."""
+    return _SERVER_ROLE.match(name) is not None
+
+
 @dataclass(frozen=True, slots=True)
 class StateChanged:
     state: State
