@@ -213,6 +213,8 @@ class ConsoleApp(App[str]):
                             exit_on_error=False)
 
     def _tick(self) -> None:
+        if not self.query(TimelinePane):  # the timer can fire while quitting empties the screen
+            return
         now = self.clock()
         message = RunChanged(self.bridge.view(), now)
         self.query_one(TimelinePane).post_message(message)

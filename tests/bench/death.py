@@ -3,18 +3,21 @@ before `os._exit`); how long until (a) the Supervisor's Died event and (b) the D
 drawn by the console (Textual, headless run_test; the moment after the next refresh), locally
 and over SSH on loopback through the in-process asyncssh server.
 
-In the same local runs, what a user would otherwise get, measured on the same deaths:
+What a user would otherwise get, on deaths of the same kind (at a slower time scale, so that
+the workers live for several seconds, and a poll at a random phase sees them):
 - `wait` on the top process (pidfd on the API server): it exits only when vLLM's own shutdown
-  has run its course, seconds after the worker; with exit code 0 when the engine dies while
-  serving (a separate engine-killed run shows the code);
+  has run its course, seconds after the worker (reported in simulated seconds); with exit code
+  0 when the engine dies while serving (a separate engine-killed run shows the code);
 - a 2 s polling loop (the run's process tree every 2 s; a pid gone = a death).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
+import random
 import statistics
 import time
 from pathlib import Path
@@ -36,6 +39,8 @@ from common import (
 from tui.sim import timeline
 
 SCALE = 40.0  # the worker dies 23 simulated s after launch: 0.6 s
+BASELINE_SCALE = 4.0  # workers from 4.5 s (+ start-up) to their death at 5.8 s: a poll sees them
+WORKERS_UP = (timeline.WORKER_INIT + 1) / BASELINE_SCALE
 POLL_S = 2.0
 
 
@@ -91,19 +96,24 @@ async def _one_event(tmp: Path, target: str, ssh_config: str | None) -> dict[str
     sup = supervisor(profile_for(tmp, "syntax-error", target=target, time_scale=SCALE),
                      ssh_config)
     async with launched(sup) as events:
-        assert sup.run is not None
-        local = target == "local"
-        top = asyncio.ensure_future(_pidfd_exit(sup.run.pid)) if local else None
-        poll = asyncio.ensure_future(_poll_loop(sup.run.pid)) if local else None
         event = await until_died(sup, events)
         seen = time.time()
         died = first_death(tmp)
-        out = {"event_ms": (seen - died) * 1000, "agent_ms": (event.death.at - died) * 1000}
-        if top is not None and poll is not None:
-            out["top_sim_s"] = (await top - died) * SCALE
-            out["poll_ms"] = (await poll - died) * 1000
-            out["top_code"] = _exit_code(sup.run.run_dir)
-        return out
+        return {"event_ms": (seen - died) * 1000, "agent_ms": (event.death.at - died) * 1000}
+
+
+async def _one_baseline(tmp: Path, *_: object) -> dict[str, float]:
+    """`wait` on the top process and the 2 s loop (started at a random phase) on one death."""
+    sup = supervisor(profile_for(tmp, "syntax-error", time_scale=BASELINE_SCALE), None)
+    async with launched(sup) as events:
+        assert sup.run is not None
+        top = asyncio.ensure_future(_pidfd_exit(sup.run.pid))
+        await asyncio.sleep(WORKERS_UP + random.uniform(0, POLL_S))
+        poll = asyncio.ensure_future(_poll_loop(sup.run.pid))
+        await until_died(sup, events)
+        died = first_death(tmp)
+        return {"top_sim_s": (await top - died) * BASELINE_SCALE,
+                "poll_ms": (await poll - died) * 1000, "top_code": _exit_code(sup.run.run_dir)}
 
 
 async def _engine_killed_top(tmp: Path) -> tuple[int | None, float]:
@@ -119,6 +129,7 @@ async def _engine_killed_top(tmp: Path) -> tuple[int | None, float]:
 async def _one_banner(tmp: Path, target: str, ssh_config: str | None) -> float:
     """Milliseconds from the worker's death to the first refresh after the DEAD banner."""
     from tui.app import ConsoleApp
+    from tui.cli import settle_heap
     from tui.widgets.banner import Banner
 
     shown: list[float] = []
@@ -133,6 +144,7 @@ async def _one_banner(tmp: Path, target: str, ssh_config: str | None) -> float:
     sup = supervisor(profile_for(tmp, "syntax-error", target=target, time_scale=SCALE),
                      ssh_config)
     app = ConsoleApp(sup, env={}, kill_grace=1.0)
+    settle_heap()  # as `specconsole` does before it runs the console
     try:
         async with app.run_test(size=(200, 50)) as pilot:
             deadline = time.monotonic() + 60
@@ -140,11 +152,12 @@ async def _one_banner(tmp: Path, target: str, ssh_config: str | None) -> float:
                 await pilot.pause(0.05)
             await sup.kill(1.0)
     finally:
+        gc.unfreeze()
         Banner.show = original  # type: ignore[method-assign]
     return (shown[0] - first_death(tmp)) * 1000
 
 
-async def run(runs: int) -> Figures:
+async def run(runs: int, baseline_runs: int) -> Figures:
     figures: Figures = {}
     async for label, results in each_target(runs, _one_event):
         events = [r["event_ms"] for r in results]
@@ -152,16 +165,15 @@ async def run(runs: int) -> Figures:
             f"agent's exit event: p50 {statistics.median(r['agent_ms'] for r in results):.1f} ms")
         figures[f"death_event_p50_ms_{label}"] = statistics.median(events)
         figures[f"death_event_p99_ms_{label}"] = pct(events, 99)
-        if label == "local":
-            tops = [r["top_sim_s"] for r in results]
-            polls = [r["poll_ms"] for r in results]
-            codes = sorted({r["top_code"] for r in results}, key=str)
-            say(f"  instead, `wait` on the top process: p50 {statistics.median(tops):.1f} s "
-                f"after the death (simulated seconds; real vLLM 0.32: 7.7 s), exit code "
-                f"{codes}; a {POLL_S:.0f} s polling loop: {spread(polls)}")
-            figures |= {"wait_top_p50_s": statistics.median(tops), "wait_top_codes": codes,
-                        "poll_2s_p50_ms": statistics.median(polls),
-                        "poll_2s_p99_ms": pct(polls, 99)}
+    async for _, results in each_target(baseline_runs, _one_baseline, targets=("local",)):
+        tops = [r["top_sim_s"] for r in results]
+        polls = [r["poll_ms"] for r in results]
+        codes = sorted({r["top_code"] for r in results}, key=str)
+        say(f"  instead, `wait` on the top process: p50 {statistics.median(tops):.1f} s after "
+            f"the death (simulated seconds; real vLLM 0.32: 7.7 s), exit code {codes}; "
+            f"a {POLL_S:.0f} s polling loop: {spread(polls)}")
+        figures |= {"wait_top_p50_s": statistics.median(tops), "wait_top_codes": codes,
+                    "poll_2s_p50_ms": statistics.median(polls), "poll_2s_p99_ms": pct(polls, 99)}
     async for label, samples in each_target(runs, _one_banner):
         say(f"death -> DEAD banner, {label:5s}: {spread(samples)}")
         figures[f"death_banner_p50_ms_{label}"] = statistics.median(samples)

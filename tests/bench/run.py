@@ -35,10 +35,10 @@ import scale
 import startup
 from common import Figures, say
 
-FULL = {"death_runs": 50, "core_lines": 1_000_000, "core_repeats": 5, "firehose_s": 30.0,
-        "agent_s": 60.0, "startup_runs": 5}
-QUICK = {"death_runs": 5, "core_lines": 200_000, "core_repeats": 3, "firehose_s": 8.0,
-         "agent_s": 10.0, "startup_runs": 1}
+FULL = {"death_runs": 50, "baseline_runs": 10, "core_lines": 1_000_000, "core_repeats": 5,
+        "firehose_s": 30.0, "agent_s": 60.0, "startup_runs": 5}
+QUICK = {"death_runs": 5, "baseline_runs": 2, "core_lines": 200_000, "core_repeats": 3,
+         "firehose_s": 8.0, "agent_s": 10.0, "startup_runs": 1}
 BENCHES = ("death", "core", "firehose", "agent", "scale", "startup")
 
 
@@ -53,7 +53,7 @@ def machine() -> dict[str, object]:
 def run(only: tuple[str, ...], p: dict[str, float]) -> Figures:
     figures: Figures = {}
     if "death" in only:
-        figures |= asyncio.run(death.run(int(p["death_runs"])))
+        figures |= asyncio.run(death.run(int(p["death_runs"]), int(p["baseline_runs"])))
     if "core" in only:
         figures |= core.run(int(p["core_lines"]), int(p["core_repeats"]))
     if "firehose" in only:
