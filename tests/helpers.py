@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import sys
@@ -30,6 +31,15 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10, what: str = "") 
             return value
         time.sleep(0.02)
     raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+async def next_event(events: asyncio.Queue, kind: type, timeout: float = 30) -> Any:
+    """The next event of `kind` from a supervisor's queue, skipping the others."""
+    async def first() -> object:
+        while not isinstance(event := await events.get(), kind):
+            pass
+        return event
+    return await asyncio.wait_for(first(), timeout)
 
 
 def alive(pid: int) -> bool:

@@ -200,17 +200,22 @@ def test_log_clock_anchors_the_zone_on_the_launch() -> None:
     assert LogClock(launched).time_of("INFO 02-30 10:00:00 [x.py:1] no such day") is None
 
 
+def _with_offsets(text: str) -> list[tuple[int, str]]:
+    """The log's lines with their byte offsets, as the agent sends them."""
+    offset, fed = 0, []
+    for raw in text.splitlines():
+        fed.append((offset, raw))
+        offset += len(raw.encode()) + 1
+    return fed
+
+
 def test_attach_replays_phases_at_the_times_they_were_logged() -> None:
     lines = (Path(__file__).parent / "fixtures" / "vllm-startup-ready.log").read_text()
     launched = calendar.timegm((2026, 9, 30, 14, 2, 10, 0, 0, 0))  # the host logs in UTC
     machine = LaunchMachine()
     attach_at = launched + 3600.0  # an hour later, the console attaches
     machine.started(1, launched, attach_at)
-    offset, fed = 0, []
-    for raw in lines.splitlines():
-        fed.append((offset, raw))
-        offset += len(raw.encode()) + 1
-    machine.feed_lines(fed, attach_at)
+    machine.feed_lines(_with_offsets(lines), attach_at)
     spans = machine.timeline.spans
     assert [s.phase for s in spans][:3] == [Phase.LAUNCH, Phase.CONFIG, Phase.WEIGHTS]
     assert all(launched <= s.start < attach_at for s in spans)
@@ -228,11 +233,7 @@ def test_attach_to_a_server_ready_long_ago_reports_its_real_load_time() -> None:
     attach_at = launched + 3 * 86400.0  # three days of serving later
     machine = LaunchMachine()
     machine.started(1, launched, attach_at)
-    offset, fed = 0, []
-    for raw in lines.splitlines():
-        fed.append((offset, raw))
-        offset += len(raw.encode()) + 1
-    machine.feed_lines(fed, attach_at)
+    machine.feed_lines(_with_offsets(lines), attach_at)
     machine.feed_health(Health(True, "/health", 200, attach_at), attach_at)
     ready = next(e for e in machine.feed_health(Health(True, "/v1/models", 200, attach_at),
                                                  attach_at) if isinstance(e, Ready))

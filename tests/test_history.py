@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import carriers, sim_profile
+from helpers import carriers, next_event, sim_profile
 
 from tui.core.phases import Phase
 from tui.core.profile import load_profile
@@ -150,14 +150,6 @@ kind = "{kind}"
 """
 
 
-async def _until(events: asyncio.Queue, kind: type, timeout: float = 30) -> object:
-    async def first() -> object:
-        while not isinstance(event := await events.get(), kind):
-            pass
-        return event
-    return await asyncio.wait_for(first(), timeout)
-
-
 @pytest.mark.parametrize("kind", ["completion", "chat"])
 async def test_ready_launch_is_recorded_hooked_smoked_and_reads_spec_decoding(
         tmp_path: Path, cleanup: list[str], kind: str) -> None:
@@ -172,19 +164,19 @@ async def test_ready_launch_is_recorded_hooked_smoked_and_reads_spec_decoding(
     try:
         await sup.launch(skip_preflight=True)
         cleanup.append(sup.run.run_id)
-        loaded = await _until(events, HistoryLoaded)
+        loaded = await next_event(events, HistoryLoaded)
         assert loaded.previous is None and loaded.usual == {}
-        ready = await _until(events, Ready)
-        smoke = await _until(events, SmokeDone)
+        ready = await next_event(events, Ready)
+        smoke = await next_event(events, SmokeDone)
         assert smoke.ok and smoke.first_line.startswith("Hello"), smoke
         assert smoke.tokens == len(smoke.first_line.split())  # the sim's tokens are words
         record = history.get(sup.run.run_id)
         assert record.outcome == "ready" and record.took == pytest.approx(ready.took, abs=0.01)
         assert [p[0] for p in record.phases][:2] == ["launching", "reading config"]
         assert record.engine_version and "serve" in record.command
-        spec = await _until(events, SpecDecodeSeen, 30)
+        spec = await next_event(events, SpecDecodeSeen, 30)
         while spec.totals.drafts == 0:  # the counters exist from the start, at zero
-            spec = await _until(events, SpecDecodeSeen, 30)
+            spec = await next_event(events, SpecDecodeSeen, 30)
         assert len(spec.totals.accepted_per_position) == 5
         assert sup.machine.spec_decode is not None
         await sup.kill(1.0)
@@ -207,10 +199,10 @@ async def test_dead_launch_is_recorded_with_its_cause_and_its_hook(tmp_path: Pat
     try:
         await sup.launch(skip_preflight=True)
         cleanup.append(sup.run.run_id)
-        loaded = await _until(events, HistoryLoaded)
+        loaded = await next_event(events, HistoryLoaded)
         assert loaded.previous.run_id == "syntax-error-older"
         assert loaded.usual["loading weights"] == 660.0
-        await _until(events, Died)
+        await next_event(events, Died)
         await asyncio.sleep(1.0)
         record = history.get(sup.run.run_id)
         assert record.outcome == "dead" and record.exit_code == 1
@@ -234,9 +226,9 @@ async def test_a_broken_history_is_one_notice_and_supervision_goes_on(tmp_path: 
     try:
         await sup.launch(skip_preflight=True)
         cleanup.append(sup.run.run_id)
-        notice = await _until(events, Notice)
+        notice = await next_event(events, Notice)
         assert "launch history not written" in notice.text
-        await _until(events, Ready)
+        await next_event(events, Ready)
         await sup.kill(1.0)
     finally:
         await sup.close()
@@ -279,7 +271,7 @@ async def test_history_never_holds_a_secret(tmp_path: Path, cleanup: list[str]) 
     try:
         await sup.launch(skip_preflight=True)
         cleanup.append(sup.run.run_id)
-        await _until(events, Ready)
+        await next_event(events, Ready)
         await sup.kill(1.0)
     finally:
         await sup.close()

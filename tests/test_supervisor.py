@@ -7,21 +7,13 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from helpers import carriers, sim_profile
+from helpers import carriers, next_event, sim_profile
 
 from tui.core.profile import load_profile
 from tui.core.state import Died, LineAdded, Ready, State
 from tui.remote import launcher
 from tui.remote.session import LocalSession
 from tui.supervisor import KillDone, LinkLost, LinkRestored, Supervisor
-
-
-async def _until(events: asyncio.Queue, kind: type, timeout: float = 30) -> object:
-    async def first() -> object:
-        while not isinstance(event := await events.get(), kind):
-            pass
-        return event
-    return await asyncio.wait_for(first(), timeout)
 
 
 async def _offsets(events: asyncio.Queue, count: int, timeout: float = 30) -> list[int]:
@@ -41,8 +33,8 @@ async def test_engine_killed_while_serving_is_dead_although_vllm_exits_0(tmp_pat
     events = sup.subscribe()
     try:
         await sup.launch(skip_preflight=True)
-        await _until(events, Ready)
-        died = await _until(events, Died)
+        await next_event(events, Ready)
+        died = await next_event(events, Died)
         assert died.death.process == "EngineCore_DP0"
         # its parent (the API server) may reap it before anyone else reads its status: then
         # the signal is unknown — but never wrong
@@ -81,7 +73,7 @@ async def test_reattach_replays_the_whole_log_once_and_finds_the_phase(tmp_path:
         assert len(set(offsets)) == len(offsets)
         assert second.machine.state in (State.LOADING, State.READY)
         await second.kill(2.0)
-        done = await _until(events, KillDone)
+        done = await next_event(events, KillDone)
         assert done.killed.remaining == () and done.killed.gpu_released is True
         assert carriers(run_id) == []
     finally:
@@ -145,14 +137,14 @@ async def test_restart_kills_verifies_and_relaunches_as_a_new_run(tmp_path: Path
     events = sup.subscribe()
     try:
         first = await sup.launch(skip_preflight=True)
-        await _until(events, Ready)
+        await next_event(events, Ready)
         old_machine = sup.machine
         second = await sup.restart(grace=2.0, skip_preflight=True)
         assert second.run_id != first.run_id
         assert carriers(first.run_id) == []
         assert sup.machine is not old_machine and sup.machine.state is State.STARTING
         assert sup.machine.timeline is not None and sup.machine.timeline.spans == []
-        await _until(events, Ready)
+        await next_event(events, Ready)
         assert sup.machine.state is State.READY and carriers(second.run_id)
     finally:
         await sup.kill(1.0)
