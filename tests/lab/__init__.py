@@ -1,0 +1,1 @@
+"""The fault lab: real sshd hosts in network namespaces (see netlab.py)."""

@@ -1,0 +1,123 @@
+"""Fixtures of the fault lab: `lab` (real sshd hosts in namespaces) and `lab_profile`.
+
+Every test under tests/lab is marked `lab`, so the default suite never runs one; the lane is
+`python3 -m tui.bootstrap lab` (it installs sshd/nft/ip when missing, sets SPECCONSOLE_LAB=1).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import free_port
+
+from lab.netlab import Lab, missing_requirements
+
+LAB_ENV = "SPECCONSOLE_LAB"
+LOAD_TIME_SCALE = 50.0  # the simulated 1480 s launch lasts about 30 s
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test in this directory `lab` before `-m` selects (a file that forgets its
+    pytestmark still stays out of the default suite)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.lab)
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """One lab per pytest process: gpu-a, and gpu-b behind it. Skips, saying why, where it
+    cannot run."""
+    why = missing_requirements()
+    if why is None and not os.environ.get(LAB_ENV):
+        why = f"{LAB_ENV} is not set (run the lane: python3 -m tui.bootstrap lab)"
+    if why is not None:
+        pytest.skip(why)
+    the_lab = Lab.up(tmp_path_factory.mktemp("lab"))
+    saved = os.environ.get("SPECCONSOLE_SSH_CONFIG")
+    os.environ["SPECCONSOLE_SSH_CONFIG"] = str(the_lab.ssh_config)
+    try:
+        yield the_lab
+    finally:
+        if saved is None:
+            os.environ.pop("SPECCONSOLE_SSH_CONFIG", None)
+        else:
+            os.environ["SPECCONSOLE_SSH_CONFIG"] = saved
+        the_lab.down()
+
+
+@pytest.fixture(autouse=True)
+def _faults_cleared(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test that used the lab: links up, no nft rules or proxies, sshds up."""
+    yield
+    the_lab = request.node.funcargs.get("lab") if hasattr(request.node, "funcargs") else None
+    if isinstance(the_lab, Lab):
+        the_lab.reset()
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+ProfileFactory = Callable[..., Path]
+
+
+@pytest.fixture
+def lab_profile(tmp_path: Path, lab: Lab) -> ProfileFactory:
+    """factory(host="gpu-a", scenario="ready", time_scale=50, stall_timeout=None, *,
+    delayed=False, name=None, sections="", **host_keys) -> Path of a profile for the simulated
+    engine on that lab host; the load lasts about 30 s at the default scale.
+
+    `host_keys` override the lab's [host] table (a value of None drops the key), `sections` is
+    TOML appended verbatim (e.g. "[alerts]..."), `delayed` reaches the host through its delay
+    proxy (call lab.delay first). Runs and fake GPUs live under tmp_path.
+    """
+    def make(host: str = "gpu-a", scenario: str = "ready",
+             time_scale: float = LOAD_TIME_SCALE, stall_timeout: str | None = None, *,
+             delayed: bool = False, name: str | None = None, sections: str = "",
+             **host_keys: Any) -> Path:
+        table = {**lab.host_table(host, delayed=delayed), "runs_dir": str(tmp_path / "runs"),
+                 **host_keys}
+        host_toml = "".join(f"{k} = {_toml(v)}\n" for k, v in table.items() if v is not None)
+        path = tmp_path / f"{name or f'{host}-{scenario}'}.toml"
+        path.write_text(f"""\
+[host]
+{host_toml}
+[server]
+engine = "vllm"
+model = "/models/Kimi-K2.5"
+port = {free_port()}
+tensor_parallel_size = 8
+
+[server.speculative]
+method = "eagle3"
+model = "/models/Kimi-K2.5-eagle3"
+num_speculative_tokens = 5
+
+[preflight]
+compile = false
+paths_exist = false
+
+[expect]
+load_time = "1m"
+stall_timeout = "{stall_timeout or '5m'}"
+
+[simulate]
+scenario = "{scenario}"
+time_scale = {time_scale}
+gpus = 8
+gpu_state = "{tmp_path / 'gpus'}"
+{sections}
+""")
+        return path
+    return make
