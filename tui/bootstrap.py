@@ -1,5 +1,5 @@
-"""Set up a virtual environment and run the demo, the test suite or the real-vLLM lane:
-`python3 -m tui.bootstrap demo|test|vllm`.
+"""Set up a virtual environment and run the demo, the test suite, the fault lab or the
+real-vLLM lane: `python3 -m tui.bootstrap demo|test|lab|vllm`.
 
 Stdlib only, so it runs on a fresh machine with nothing but Python 3.10+. Debian's python3
 lacks ensurepip unless python3-venv is installed; then the venv is made without pip and pip's
@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -104,10 +105,68 @@ def run_vllm_lane(extra_args: list[str]) -> int:
     return code
 
 
+LAB_TOOLS = {"/usr/sbin/sshd": "openssh-server", "ip": "iproute2", "nft": "nftables"}
+POLICY_RC = Path("/usr/sbin/policy-rc.d")
+
+
+def _missing_lab_packages() -> list[str]:
+    return [pkg for tool, pkg in LAB_TOOLS.items()
+            if not (os.access(tool, os.X_OK) if tool.startswith("/") else shutil.which(tool))]
+
+
+def ensure_lab_packages() -> str | None:
+    """Install sshd, ip and nft with apt-get where missing; why not, as one line, or None.
+    A policy-rc.d (exit 101) stops the package from starting a system sshd meanwhile."""
+    missing = _missing_lab_packages()
+    if not missing:
+        return None
+    if os.geteuid() != 0:
+        return f"{', '.join(missing)} missing and not root to install them"
+    print(f"bootstrap: apt-get install {' '.join(missing)}", flush=True)
+    own_policy = not POLICY_RC.exists()
+    if own_policy:
+        POLICY_RC.write_text("#!/bin/sh\nexit 101\n")
+        POLICY_RC.chmod(0o755)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        for step in (["apt-get", "update", "-q"],
+                     ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]):
+            done = subprocess.run(step, env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["?"]
+                return f"{' '.join(step[:2])} failed: {last[0]}"
+    finally:
+        if own_policy:
+            POLICY_RC.unlink(missing_ok=True)
+    still = _missing_lab_packages()
+    return f"still missing after apt-get: {', '.join(still)}" if still else None
+
+
+def run_lab_lane(extra_args: list[str]) -> int:
+    """The fault lab: real sshd hosts in network namespaces, faults injected mid-load. A setup
+    failure is its one line and exit 1; the figures the tests measured are printed."""
+    started = time.monotonic()
+    why = ensure_lab_packages()
+    if why is not None:
+        print(f"lab lane setup: {why}", file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        figures = Path(tmp) / "figures.json"
+        code = subprocess.run(
+            [str(_python()), "-m", "pytest", "-m", "lab", "tests/lab", *extra_args], cwd=ROOT,
+            env={**os.environ, "SPECCONSOLE_LAB": "1",
+                 "SPECCONSOLE_LAB_FIGURES": str(figures)}).returncode
+        if figures.exists():
+            for name, value in sorted(json.loads(figures.read_text()).items()):
+                print(f"lab lane: {name}: {value}", flush=True)
+    print(f"lab lane: {time.monotonic() - started:.0f} s in all", flush=True)
+    return code
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "vllm"):
+    if not argv or argv[0] not in ("demo", "test", "lab", "vllm"):
         print("usage: python3 -m tui.bootstrap demo [demo options] | test [pytest options]"
-              " | vllm [pytest options]", file=sys.stderr)
+              " | lab [pytest options] | vllm [pytest options]", file=sys.stderr)
         return 2
     ensure_venv()
     if argv[0] == "demo":
@@ -117,6 +176,8 @@ def main(argv: list[str]) -> int:
     ensure_installed("test")
     if argv[0] == "vllm":
         return run_vllm_lane(argv[1:])
+    if argv[0] == "lab":
+        return run_lab_lane(argv[1:])
     return run_tests(argv[1:])
 
 
