@@ -7,7 +7,8 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,46 @@ def carriers(run_id: str) -> list[int]:
         if needle in env and state not in (b"Z", b"X"):
             out.append(int(name))
     return out
+
+
+@dataclass
+class LineCount:
+    """How the lines a watcher showed compare with the run's log file."""
+
+    shown: int
+    lost: int  # complete lines of the log, up to the last one shown, never shown
+    duplicated: int  # shown more than once
+    out_of_order: bool
+    stray: int  # shown at an offset where no line of the file starts
+    seq_faults: list[str] = field(default_factory=list)  # per process, [sim#n] not 1, 2, 3...
+    processes: int = 0  # processes whose numbering was checked
+
+
+# the unprefixed tqdm and uvicorn lines are numbered by Worker_TP0 and the API server, so their
+# prefixed lines alone do not count 1, 2, 3
+_UNNUMBERED = (None, "Worker_TP0", "APIServer")
+
+
+def count_lines(lines: Sequence[Any], log: Path) -> LineCount:
+    """Every line exactly once, in order? `lines` are LogLines (offset, raw, proc) as shown,
+    from the first byte of the log; checked by byte offset against the file and by the
+    simulator's own per-process [sim#n] numbering."""
+    offsets = [line.offset for line in lines]
+    starts, pos = [], 0
+    for raw in log.read_bytes().split(b"\n")[:-1]:
+        starts.append(pos)
+        pos += len(raw) + 1
+    last = max(offsets, default=-1)
+    lost = len({s for s in starts if s <= last} - set(offsets))
+    per_proc: dict[str, list[int]] = {}
+    for line in lines:
+        if "[sim#" in line.raw and line.proc not in _UNNUMBERED:
+            per_proc.setdefault(line.proc, []).append(int(line.raw.rsplit("[sim#", 1)[1][:-1]))
+    faults = [f"{proc}: {seqs[:20]}" for proc, seqs in per_proc.items()
+              if seqs != list(range(1, len(seqs) + 1))]
+    return LineCount(len(offsets), lost, len(offsets) - len(set(offsets)),
+                     offsets != sorted(offsets), len(set(offsets) - set(starts)), faults,
+                     len(per_proc))
 
 
 def sim_profile(tmp: Path, scenario: str, *, target: str = "local", time_scale: float = 300.0,

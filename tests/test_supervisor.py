@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from helpers import carriers, next_event, sim_profile
+from helpers import carriers, count_lines, next_event, sim_profile
 
 from tui.core.profile import load_profile
 from tui.core.state import Died, LineAdded, Ready, State
@@ -112,24 +112,10 @@ async def test_link_lost_mid_load_resumes_with_every_line_exactly_once(
     finally:
         await sup.kill(1.0)
         await sup.close()
-    offsets = [e.line.offset for e in lines]
-    assert offsets == sorted(set(offsets)), "a line was shown twice or out of order"
-    log = (Path(sup.run.run_dir) / "server.log").read_bytes()
-    shown = {e.line.offset for e in lines}
-    starts, pos = [], 0
-    for raw in log.split(b"\n")[:-1]:
-        starts.append(pos)
-        pos += len(raw) + 1
-    assert [s for s in starts if s <= max(shown)] == sorted(shown), "a line was lost"
-    # and by the simulator's own numbering: each process numbers the lines it writes (the
-    # unprefixed tqdm and uvicorn lines are numbered by Worker_TP0 and the API server)
-    per_proc: dict[str, list[int]] = {}
-    for e in lines:
-        if "[sim#" in e.line.raw and e.line.proc not in (None, "Worker_TP0", "APIServer"):
-            per_proc.setdefault(e.line.proc, []).append(int(e.line.raw.rsplit("[sim#", 1)[1][:-1]))
-    assert len(per_proc) >= 8
-    for proc, seqs in per_proc.items():
-        assert seqs == list(range(1, len(seqs) + 1)), f"{proc}: sequence numbers {seqs[:20]}"
+    count = count_lines([e.line for e in lines], Path(sup.run.run_dir) / "server.log")
+    assert not count.out_of_order and count.duplicated == 0, "a line was shown twice"
+    assert count.lost == 0 and count.stray == 0, "a line was lost"
+    assert count.processes >= 8 and count.seq_faults == []
 
 
 async def test_restart_kills_verifies_and_relaunches_as_a_new_run(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ Every test under tests/lab is marked `lab`, so the default suite never runs one;
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from helpers import free_port
 from lab.netlab import Lab, missing_requirements
 
 LAB_ENV = "SPECCONSOLE_LAB"
+FIGURES_ENV = "SPECCONSOLE_LAB_FIGURES"  # `bootstrap lab` prints what the tests wrote there
 LOAD_TIME_SCALE = 50.0  # the simulated 1480 s launch lasts about 30 s
 
 
@@ -50,6 +52,19 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         else:
             os.environ["SPECCONSOLE_SSH_CONFIG"] = saved
         the_lab.down()
+
+
+@pytest.fixture(scope="session")
+def lab_figures() -> Iterator[dict[str, Any]]:
+    """Figures measured by the lab tests (name -> JSON value), merged at the end of the session
+    into the file $SPECCONSOLE_LAB_FIGURES names, when it names one."""
+    figures: dict[str, Any] = {}
+    yield figures
+    target = os.environ.get(FIGURES_ENV)
+    if target and figures:
+        path = Path(target)
+        merged = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps({**merged, **figures}, indent=1, sort_keys=True))
 
 
 @pytest.fixture(autouse=True)

@@ -34,7 +34,8 @@ SLOTS = 8
 HOSTS = ("gpu-a", "gpu-b")
 PROXY_PORT = 2200
 CONNECT_TIMEOUT_S = 5
-_NFT_TABLE = "specconsole_fault"
+_PARTITION = "specconsole_partition"  # one nft table per fault: a partition during loss
+_LOSS = "specconsole_loss"  # heals back to the loss
 _PYTHON = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python")
 
 
@@ -113,15 +114,17 @@ class Lab:
         return ["ip", "-n", self.ns["gpu-a"]], "ab0"
 
     def host_table(self, host: str, delayed: bool = False) -> dict[str, Any]:
-        """The profile's [host] table for a lab host. `delayed`: reach it (and its jump host,
-        when that one has a delay too) through the delay proxy."""
+        """The profile's [host] table for a lab host. `delayed`: reach each hop of the route
+        (gpu-b's jump host gpu-a, and the host) that has a delay set through its proxy."""
+        route = ("gpu-a", "gpu-b") if self._check(host) == "gpu-b" else ("gpu-a",)
+        if delayed and not any(h in self._proxy for h in route):
+            raise RuntimeError(f"lab: no delay set on {' or '.join(route)}; call lab.delay")
+
         def target(name: str) -> str:
             if delayed and name in self._proxy:
                 return f"{self.address(name)}:{PROXY_PORT}"
             return self.address(name)
 
-        if delayed and host not in self._proxy:
-            raise RuntimeError(f"lab: no delay set on {host}; call lab.delay({host!r}, ms)")
         table: dict[str, Any] = {"target": target(host)}
         if host == "gpu-b":
             table["jump"] = target("gpu-a")
@@ -316,34 +319,33 @@ LogLevel INFO
         prefix, dev = self._link(host)
         _sh(*prefix, "link", "set", dev, "up")
 
-    def _nft(self, host: str, *rule: str) -> None:
-        """A rule on the namespace's input and output; loopback inside it is spared (a
-        partition does not stop the server talking to itself)."""
-        ns = self.ns[self._check(host)]
-        nft = ["ip", "netns", "exec", ns, "nft"]
-        _sh(*nft, "add", "table", "inet", _NFT_TABLE)
+    def _nft(self, host: str, table: str, *rule: str) -> None:
+        """A table dropping what `rule` matches on the namespace's input and output; loopback
+        inside it is spared (a partition does not stop the server talking to itself)."""
+        nft = ["ip", "netns", "exec", self.ns[self._check(host)], "nft"]
+        self._nft_clear(host, table)
+        _sh(*nft, "add", "table", "inet", table)
         for chain, hook, lo in (("in", "input", "iifname"), ("out", "output", "oifname")):
-            _sh(*nft, f"add chain inet {_NFT_TABLE} {chain} "
+            _sh(*nft, f"add chain inet {table} {chain} "
                       f"{{ type filter hook {hook} priority 0; policy accept; }}")
-            _sh(*nft, "add", "rule", "inet", _NFT_TABLE, chain, lo, "lo", "accept")
-            _sh(*nft, "add", "rule", "inet", _NFT_TABLE, chain, *rule)
+            _sh(*nft, "add", "rule", "inet", table, chain, lo, "lo", "accept")
+            _sh(*nft, "add", "rule", "inet", table, chain, *rule, "drop")
 
-    def _nft_clear(self, host: str) -> None:
+    def _nft_clear(self, host: str, table: str) -> None:
         _sh("ip", "netns", "exec", self.ns[self._check(host)], "nft", "delete", "table",
-            "inet", _NFT_TABLE, check=False)
+            "inet", table, check=False)
 
     def partition(self, host: str) -> None:
         """Silently drop everything to and from the host; its link stays up."""
-        self._nft_clear(host)
-        self._nft(host, "drop")
+        self._nft(host, _PARTITION)
 
     def heal(self, host: str) -> None:
-        self._nft_clear(host)
+        """End the partition (a loss set with `loss` stays)."""
+        self._nft_clear(host, _PARTITION)
 
     def loss(self, host: str, pct: int) -> None:
         """Drop `pct` % of packets each way, at random."""
-        self._nft_clear(host)
-        self._nft(host, "numgen", "random", "mod", "100", "<", str(int(pct)), "drop")
+        self._nft(host, _LOSS, "numgen", "random", "mod", "100", "<", str(int(pct)))
 
     def delay(self, host: str, ms: int) -> None:
         """Start a proxy on <address>:2200 that forwards to the host's sshd `ms` late each way;
@@ -371,14 +373,15 @@ LogLevel INFO
             proc.wait()
 
     def clear(self, host: str) -> None:
-        """Remove loss, partition and delay (not link or sshd state)."""
-        self._nft_clear(host)
+        """Remove loss and delay (not a partition, the link or sshd: see reset)."""
+        self._nft_clear(host, _LOSS)
         self._stop_proxy(host)
 
     def reset(self) -> None:
         """Every fault off: links up, no nft rules, no proxies, both sshds listening."""
         for host in HOSTS:
             self.link_up(host)
+            self.heal(host)
             self.clear(host)
             self.start_sshd(host)
 
