@@ -136,6 +136,23 @@ def test_attached_after_the_fact_the_log_names_who_died_first() -> None:
         "Worker_TP3", 303, 1)
 
 
+@pytest.mark.parametrize("seen", ["live", "after the fact"])
+def test_a_reported_negative_exit_code_is_the_signal_that_killed_it(seen: str) -> None:
+    """vLLM (multiprocessing) reports a worker killed by SIGKILL as exit code -9."""
+    m = _machine()
+    if seen == "live":  # the agent saw it end, but its parent reaped it: code unknown
+        m.feed_exit(ProcExit(303, "Worker_TP3", None, None, T0 + 6, False), T0 + 6)
+    _feed(m, ["(Worker_TP3 pid=303) INFO 12-02 10:00:06 [gpu_model_runner.py:2000] Starting",
+              "(EngineCore_DP0 pid=200) ERROR 12-02 10:00:07 [multiproc_executor.py:249]"
+              " Worker proc Worker_TP3 died unexpectedly (exit code: -9), shutting down "
+              "executor."], T0 + 7)
+    if seen == "after the fact":
+        m.feed_run_exit(RunExit(100, 1, None, T0 + 25), T0 + 30)
+    assert m.death is not None and (m.death.process, m.death.code, m.death.signal) == (
+        "Worker_TP3", None, 9)
+    assert "signal 9" in m.death.summary()
+
+
 def test_stall_needs_a_quiet_log_and_frozen_gpu_memory() -> None:
     m = _machine(stall=60.0)
     _feed(m, STORY[:4], T0 + 1)

@@ -158,7 +158,7 @@ def run_lab_lane(extra_args: list[str]) -> int:
                  "SPECCONSOLE_LAB_FIGURES": str(figures)}).returncode
         if figures.exists():
             for name, value in sorted(json.loads(figures.read_text()).items()):
-                print(f"lab lane: {name}: {value}", flush=True)
+                print(f"lab lane: {name}: {json.dumps(value)}", flush=True)
     print(f"lab lane: {time.monotonic() - started:.0f} s in all", flush=True)
     return code
 

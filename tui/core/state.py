@@ -55,6 +55,16 @@ _HELPER = re.compile(r"^(resource_tracker|g\+\+|c\+\+|gcc|cc1plus|cc1|as|ld|coll
 _REPORTED_EXIT = re.compile(
     r"(?:Worker proc (?P<worker>\S+) died unexpectedly \(exit code: (?P<wcode>-?\d+)\)"
     r"|Failed core proc\(s\): \{'(?P<core>[^']+)': (?P<ccode>-?\d+)\})")
+
+
+def _status(code: int | None, signal: int | None) -> tuple[int | None, int | None]:
+    """(code, signal): vLLM reports a child killed by signal N as exit code -N, as Python's
+    multiprocessing does; it is a signal, said as one."""
+    if signal is None and code is not None and code < 0:
+        return None, -code
+    return code, signal
+
+
 # A parent's report that a command it ran failed (Python's CalledProcessError): vLLM's model
 # inspection subprocess is reaped by the API server before the agent can read its code.
 _REPORTED_COMMAND = re.compile(r"Command '(\[.*?\])' returned non-zero exit status (-?\d+)")
@@ -279,7 +289,8 @@ class LaunchMachine:
             if names.get(death.pid, death.process) != death.process:  # the log names it now
                 death = replace(death, process=names[death.pid])
             if death.code is None and death.signal is None and death.process in self.reported_codes:
-                death = replace(death, code=self.reported_codes[death.process])
+                code, sig = _status(self.reported_codes[death.process], None)
+                death = replace(death, code=code, signal=sig)
             cause = self.tracker.cause()
             if cause is not None and cause != cause_before:
                 death = replace(death, cause=cause)
@@ -372,9 +383,9 @@ class LaunchMachine:
     def feed_exit(self, ex: ProcExit, at: float) -> list[DomainEvent]:
         """A process of the run ended. The first server-process death is the run's death."""
         name = self.name_of(ex.pid, ex.name)
-        code = ex.code if ex.code is not None or ex.signal is not None \
-            else self.reported_codes.get(name)
-        ex = replace(ex, name=name, code=code)
+        code, sig = _status(ex.code, ex.signal) if ex.code is not None or ex.signal is not None \
+            else _status(self.reported_codes.get(name), None)
+        ex = replace(ex, name=name, code=code, signal=sig)
         if not self.state.live or self.death is not None:
             return []
         failed = (ex.code not in (0, None)) or ex.signal is not None
