@@ -26,6 +26,7 @@ from tui.alerts import announce, restore_command, run_quietly
 from tui.bridge import Bridge
 from tui.core.errors import PreflightFailed, SpecconsoleError
 from tui.core.logwindow import DEFAULT_CAP, Entry, LogWindow
+from tui.core.protocol import GpuHolder
 from tui.core.state import State
 from tui.core.status import status_line
 from tui.keys import KEYS, bindings
@@ -69,11 +70,13 @@ class ConsoleApp(App[str]):
     def __init__(self, sup: Supervisor, *, launch: bool = True, demo: bool = False,
                  kill_grace: float = 10.0, clock: Callable[[], float] = time.time,
                  env: Mapping[str, str] | None = None, log_cap: int = DEFAULT_CAP,
-                 profile_arg: str | None = None) -> None:
+                 profile_arg: str | None = None, kill_leftovers: bool = False) -> None:
         super().__init__()
         self.sup = sup
         self.bridge = Bridge(sup)
         self.launch_allowed = launch
+        self.kill_leftovers = kill_leftovers  # --kill-leftovers: without asking, on start
+        self.offered: tuple[GpuHolder, ...] = ()  # leftovers the refusal on screen names
         self.demo = demo
         self.kill_grace = kill_grace
         self.clock = clock
@@ -144,12 +147,15 @@ class ConsoleApp(App[str]):
     async def _supervise(self) -> None:
         queue = self.sup.subscribe()
         self.run_worker(self._pump(queue), name="pump", exit_on_error=False)
+        await self._start(launch=self.launch_allowed, kill_leftovers=self.kill_leftovers)
+
+    async def _start(self, *, launch: bool, kill_leftovers: bool) -> None:
+        """Attach or launch; a failure is on the banner and the status line, never raised."""
         try:
-            await self.sup.start(launch=self.launch_allowed)
+            await self.sup.start(launch=launch, kill_leftovers=kill_leftovers,
+                                 grace=self.kill_grace)
         except PreflightFailed as exc:
-            self._alert(AlertRaised("error", "PREFLIGHT REFUSED — nothing was launched",
-                                    str(exc)))
-            self._idle("preflight refused the launch · fix it, then r to try again")
+            self._refused(exc)
         except SpecconsoleError as exc:
             self._alert(AlertRaised("error", f"ERROR — {exc}"))
             self._idle("not watching anything · r to launch, q to quit")
@@ -157,6 +163,28 @@ class ConsoleApp(App[str]):
             self._alert(AlertRaised("error", f"ERROR — internal: {exc!r}"))
             self._idle("not watching anything · q to quit")
         self._title()
+
+    def _refused(self, exc: PreflightFailed) -> None:
+        """Preflight's refusal on screen; where leftovers of ended runs hold the GPUs, the key
+        that kills exactly them (then launches) is shown with it."""
+        self.offered = self.sup.leftovers()
+        detail = str(exc)
+        if self.offered:
+            pids = ", ".join(str(h.pid) for h in self.offered)
+            detail += (f"\nleftovers of ended runs hold the GPUs (pids {pids}): press K to kill "
+                       "exactly them, then launch")
+            self._idle("preflight refused: leftovers hold the GPUs · K to kill them and "
+                       "launch · q to quit")
+        else:
+            self._idle("preflight refused the launch · fix it, then r to try again")
+        self._alert(AlertRaised("error", "PREFLIGHT REFUSED — nothing was launched", detail))
+        self.refresh_bindings()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """The leftovers key is shown only while a refusal that names leftovers is."""
+        if action == "kill_leftovers":
+            return bool(self.offered)
+        return True
 
     def _idle(self, text: str) -> None:
         """No run to watch: the status line says so (and the clock stops ticking it)."""
@@ -279,13 +307,45 @@ class ConsoleApp(App[str]):
         try:
             await self.sup.restart(self.kill_grace)
         except PreflightFailed as exc:
-            self._alert(AlertRaised("error", "PREFLIGHT REFUSED — nothing was launched",
-                                    str(exc)))
+            self._refused(exc)
         except SpecconsoleError as exc:
             self._alert(AlertRaised("error", f"RESTART FAILED — {exc}"))
         finally:
             self.busy = False
             self._title()
+
+    def action_kill_leftovers(self) -> None:
+        if not self.offered or self.busy:
+            self.notify("a kill or restart is running" if self.busy else
+                        "no leftovers to kill: preflight named none")
+            return
+        holders = self.offered
+        named = "; ".join(f"pid {h.pid} ({h.name}, run {h.run_id}) on GPU {h.gpu}"
+                          for h in holders)
+        self._confirm(f"Kill {len(holders)} leftover process(es) on "
+                      f"{self.sup.profile.host.target}, then launch?",
+                      f"{named}. Each is signalled only if it is still the process preflight "
+                      f"saw and still holds GPU memory: TERM, KILL after {self.kill_grace:g}s, "
+                      "then check it is gone and its GPU memory released; then preflight and "
+                      "launch.", lambda: self._kill_leftovers(holders))
+
+    async def _kill_leftovers(self, holders: tuple[GpuHolder, ...]) -> None:
+        self.busy = True
+        self.offered = ()
+        self.refresh_bindings()
+        self._alert(AlertRaised("killing", "KILLING LEFTOVERS — pids "
+                                + ", ".join(str(h.pid) for h in holders)))
+        try:
+            await self.sup.kill_leftovers(holders, self.kill_grace)
+        except PreflightFailed as exc:
+            self._refused(exc)
+            return
+        except SpecconsoleError as exc:
+            self._alert(AlertRaised("error", f"KILL FAILED — {exc}"))
+            return
+        finally:
+            self.busy = False
+        await self._start(launch=True, kill_leftovers=False)
 
     def action_toggle_raw(self) -> None:
         self.query_one(LogPane).toggle_raw()

@@ -26,7 +26,15 @@ from tui.core.profile import Profile, load_profile, parse_duration
 from tui.core.state import Died, LineAdded, ProgressChanged, Ready, Stalled, State
 from tui.history import History, diff
 from tui.remote import launcher
-from tui.supervisor import CAUSE_GRACE_S, Fatal, LinkLost, LinkRestored, Notice, Supervisor
+from tui.supervisor import (
+    CAUSE_GRACE_S,
+    Fatal,
+    LinkLost,
+    LinkRestored,
+    Notice,
+    RunStarted,
+    Supervisor,
+)
 
 EXIT_READY = 0
 EXIT_ERROR = 1
@@ -63,7 +71,10 @@ class _Printer:
 async def _wait(sup: Supervisor, args: argparse.Namespace, out: _Printer,
                 past_ready: bool = False) -> int:
     events = sup.subscribe()
-    run = await sup.start(launch=args.launch, skip_preflight=args.skip_preflight)
+    run = await sup.start(launch=args.launch, skip_preflight=args.skip_preflight,
+                          kill_leftovers=args.kill_leftovers)
+    for text in _notices_so_far(events):  # leftovers killed, preflight warnings: before
+        out.say(text)
     verb = "attached to" if run.attached else "launched"
     out.say(f"{verb} run {run.run_id} on {sup.profile.host.target} (pid {run.pid})",
             run_id=run.run_id, pid=run.pid, attached=run.attached)
@@ -108,6 +119,35 @@ async def _wait(sup: Supervisor, args: argparse.Namespace, out: _Printer,
             return EXIT_STALLED
 
 
+def _notices_so_far(events: asyncio.Queue[Any]) -> list[str]:
+    """The notices queued while starting, in order; the other events before the run began
+    print nothing, so they are taken off the queue with them."""
+    texts = []
+    while not events.empty():
+        event = events.get_nowait()
+        if isinstance(event, Notice):
+            texts.append(event.text)
+        elif isinstance(event, RunStarted):
+            break
+    return texts
+
+
+def _leftovers_hint(sup: Supervisor, how: str) -> str:
+    """When leftovers of ended runs hold the GPUs: which, and how to clear them."""
+    offered = sup.leftovers()
+    if not offered:
+        return ""
+    pids = ", ".join(str(h.pid) for h in offered)
+    return (f"leftovers of ended runs hold the GPUs (pids {pids}): {how} kills exactly them, "
+            "then launches")
+
+
+def _refused(sup: Supervisor, exc: PreflightFailed) -> PreflightFailed:
+    """The refusal, with the flag that clears leftovers when they are what refused."""
+    hint = _leftovers_hint(sup, "adding --kill-leftovers")
+    return PreflightFailed(f"{exc} — {hint}") if hint else exc
+
+
 async def _settle_cause(sup: Supervisor) -> None:
     """Give log lines already in flight a moment to name the cause and the exit code."""
     end = time.monotonic() + CAUSE_GRACE_S
@@ -131,17 +171,25 @@ async def cmd_wait(args: argparse.Namespace) -> int:
     sup = Supervisor(_profile(args.profile), history=History())
     try:
         return await _wait(sup, args, _Printer(args.json))
+    except PreflightFailed as exc:
+        raise _refused(sup, exc) from None
     finally:
         await sup.close()
 
 
 async def cmd_launch(args: argparse.Namespace) -> int:
     sup = Supervisor(_profile(args.profile), history=History())
+    events = sup.subscribe()
     try:
-        run = await sup.launch(skip_preflight=args.skip_preflight)
+        run = await sup.launch(skip_preflight=args.skip_preflight,
+                               kill_leftovers=args.kill_leftovers)
+        for text in _notices_so_far(events):
+            print(strip_escapes(text))
         print(f"launched run {run.run_id} on {sup.profile.host.target} (pid {run.pid}); "
               f"follow it with: specconsole wait {args.profile}")
         return 0
+    except PreflightFailed as exc:
+        raise _refused(sup, exc) from None
     finally:
         await sup.close()
 
@@ -158,9 +206,9 @@ async def cmd_status(args: argparse.Namespace) -> int:
     for path in paths:
         try:
             sup = Supervisor(_profile(path))
-        except SpecconsoleError as exc:
-            print(exc)
-            code = EXIT_ERROR
+        except SpecconsoleError as exc:  # a bad profile: bad input (2), like every command
+            _err(str(exc))
+            code = EXIT_USAGE
             continue
         try:
             runs = await launcher.list_runs(await sup.connect(), sup.profile)
@@ -228,7 +276,9 @@ async def cmd_logs(args: argparse.Namespace) -> int:
             event = await events.get()
             if isinstance(event, LineAdded):
                 _print_line(event.line.plain, event.rule, args.raw, sup.secrets)
-                if size is not None and sup.log_end >= size:
+                # log_end moves a whole chunk at a time, before its lines are queued: the
+                # end is reached once they are all printed
+                if size is not None and sup.log_end >= size and events.empty():
                     return 0
             elif isinstance(event, Fatal):
                 _err(event.text)
@@ -252,6 +302,9 @@ async def cmd_check(args: argparse.Namespace) -> int:
         except PreflightFailed:
             checks = sup.last_checks
             _print_checks(checks)
+            hint = _leftovers_hint(sup, f"`specconsole launch {args.profile} --kill-leftovers`")
+            if hint:
+                print(hint)
             return EXIT_PREFLIGHT
         _print_checks(checks)
         return 0
@@ -338,7 +391,8 @@ async def cmd_demo_headless(args: argparse.Namespace) -> int:
     out = _Printer(False)
     try:
         # engine-killed dies while serving: keep watching past READY to show the death
-        ns = argparse.Namespace(launch=True, skip_preflight=False, timeout=None)
+        ns = argparse.Namespace(launch=True, skip_preflight=False, timeout=None,
+                                kill_leftovers=False)
         code = await _wait(sup, ns, out, past_ready=args.scenario == "engine-killed")
         if sup.machine.state is State.READY:
             out.say("the simulated server is serving; stopping it (the demo cleans up)")
@@ -374,7 +428,7 @@ def cmd_console(args: argparse.Namespace) -> int:
             return 0
         name = str(chosen)
     return _run_console(Supervisor(_profile(name), history=History()),
-                        launch=not args.no_launch,
+                        launch=not args.no_launch, kill_leftovers=args.kill_leftovers,
                         profile_arg=name)
 
 
@@ -387,11 +441,11 @@ def settle_heap() -> None:
 
 
 def _run_console(sup: Supervisor, *, launch: bool, profile_arg: str, demo: bool = False,
-                 kill_grace: float = 10.0) -> int:
+                 kill_grace: float = 10.0, kill_leftovers: bool = False) -> int:
     from tui.app import ConsoleApp
 
     app = ConsoleApp(sup, launch=launch, demo=demo, kill_grace=kill_grace,
-                     profile_arg=profile_arg)
+                     profile_arg=profile_arg, kill_leftovers=kill_leftovers)
     settle_heap()
     try:
         message = app.run()
@@ -474,6 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
              cmd_launch)
     sp.add_argument("profile")
     sp.add_argument("--skip-preflight", action="store_true")
+    sp.add_argument("--kill-leftovers", action="store_true",
+                    help="when leftovers of ended runs hold the GPUs, kill exactly them first")
 
     sp = add("wait", "follow the run until ready (0), dead (3), timeout, stall",
              cmd_wait)
@@ -483,6 +539,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--timeout", type=_duration_arg, default=None, help="e.g. 40m, 90s")
     sp.add_argument("--json", action="store_true", help="one JSON object per line")
     sp.add_argument("--skip-preflight", action="store_true")
+    sp.add_argument("--kill-leftovers", action="store_true",
+                    help="when leftovers of ended runs hold the GPUs, kill exactly them first")
 
     sp = add("status", "the runs of a profile (or of every profile in ./profiles)",
              cmd_status)
@@ -526,6 +584,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("profile", nargs="?")
     sp.add_argument("--no-launch", action="store_true",
                     help="attach to the newest run only; never launch")
+    sp.add_argument("--kill-leftovers", action="store_true",
+                    help="when leftovers of ended runs hold the GPUs, kill exactly them first")
     return p
 
 

@@ -26,6 +26,9 @@ KEYS: tuple[Key, ...] = (  # the footer shows them in this order: the vital ones
         "TERM the run's process group, KILL after the grace, sweep by run id, verify"),
     Key("restart", "r", "restart", "Restart",
         "Kill this run (after you confirm), check nothing is left, launch a new run"),
+    Key("kill-leftovers", "K", "kill_leftovers", "Kill leftovers",
+        "Shown when preflight refused because leftovers of ended runs hold the GPUs: kill "
+        "exactly those (after you confirm), check they are gone, then launch", display="K"),
     Key("raw", "f", "toggle_raw", "Raw/filtered",
         "Show every line, or hide the noise rules' lines (counted in the log header)"),
     Key("search", "slash", "search", "Search", "Search the log by regular expression",

@@ -14,12 +14,12 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tui.core.command import redact, shell_join
-from tui.core.describe import duration
+from tui.core.describe import duration, gpu_verdict
 from tui.core.errors import (
     ConnectionLost,
     HostUnreachable,
@@ -34,6 +34,7 @@ from tui.core.profile import Profile
 from tui.core.protocol import (
     AgentFault,
     Check,
+    GpuHolder,
     Gpus,
     Health,
     Hello,
@@ -372,11 +373,56 @@ class Supervisor:
                                    "warning")])
         return checks
 
-    async def launch(self, skip_preflight: bool = False) -> RunInfo:
-        """Preflight (unless skipped or switched off), then start a new run and watch it."""
+    def leftovers(self) -> tuple[GpuHolder, ...]:
+        """The GPU holders the last preflight found to be leftovers of ended runs (each pid
+        once): the only processes `kill_leftovers` may be asked to kill."""
+        found: dict[int, GpuHolder] = {}
+        for check in self.last_checks:
+            for holder in check.holders:
+                if holder.leftover and holder.start_ticks is not None:
+                    found.setdefault(holder.pid, holder)
+        return tuple(found.values())
+
+    async def kill_leftovers(self, holders: Sequence[GpuHolder],
+                             grace: float = 10.0) -> Killed:
+        """TERM these leftovers, KILL after the grace, then verify they are gone and their GPU
+        memory released (PreflightFailed if not: nothing may launch beside them). Each step is
+        a Notice. The agent re-checks each one (same process, still holding GPU memory) right
+        before signalling it."""
+        pids = ", ".join(str(h.pid) for h in holders)
+        self._emit([Notice(f"killing leftovers of ended runs: pids {pids}")])
+
+        def step(s: KillStep) -> None:
+            if s.pids or s.step == "TERM":
+                what = {"SKIP": "not killed (no longer the process preflight saw, or no longer "
+                                "holding GPU memory)"}.get(s.step, "")
+                self._emit([Notice(f"leftovers {s.step}: {', '.join(map(str, s.pids)) or '—'}"
+                                   + (f" {what}" if what else ""))])
+
+        _, killed = await launcher.kill_holders(await self.connect(), self.profile, holders,
+                                                grace, on_step=step)
+        released, gpu = gpu_verdict(killed)
+        if killed.remaining or not released:
+            still = f"pids {', '.join(map(str, killed.remaining))} still alive; " \
+                if killed.remaining else ""
+            raise PreflightFailed(f"leftovers not cleared: {still}{gpu}")
+        self._emit([Notice(f"leftovers gone (pids {pids}); {gpu}")])
+        return killed
+
+    async def launch(self, skip_preflight: bool = False, kill_leftovers: bool = False,
+                     grace: float = 10.0) -> RunInfo:
+        """Preflight (unless skipped or switched off), then start a new run and watch it.
+        With `kill_leftovers`, leftovers of ended runs that hold the GPUs are killed (see
+        kill_leftovers) and preflight runs again."""
         session = await self.connect()
         if not skip_preflight and self.profile.preflight.enabled:
-            await self.run_preflight()
+            try:
+                await self.run_preflight()
+            except PreflightFailed:
+                if not kill_leftovers or not self.leftovers():
+                    raise
+                await self.kill_leftovers(self.leftovers(), grace)
+                await self.run_preflight()
         plan = launcher.plan_launch(self.profile, self.environ, self.clock())
         launched = await launcher.launch(session, self.profile, plan)
         now = self.clock()
@@ -416,14 +462,15 @@ class Supervisor:
         assert self.run is not None
         return self.run
 
-    async def start(self, *, launch: bool = True, skip_preflight: bool = False) -> RunInfo:
+    async def start(self, *, launch: bool = True, skip_preflight: bool = False,
+                    kill_leftovers: bool = False, grace: float = 10.0) -> RunInfo:
         """Attach to the profile's live run, else launch one (when allowed), else follow its
         newest run, dead or not, so its end can be reported."""
         latest = await launcher.latest_run(await self.connect(), self.profile)
         if latest is not None and latest.alive:
             return await self.attach(latest)
         if launch:
-            return await self.launch(skip_preflight)
+            return await self.launch(skip_preflight, kill_leftovers, grace)
         if latest is None:
             raise RunNotFound(f"no run of {self.profile.key}; "
                               "start one with `specconsole launch` or `wait --launch`")

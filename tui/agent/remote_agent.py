@@ -3,8 +3,8 @@
 Self-contained on purpose (stdlib + psutil + pynvml): nothing is installed on the host, the
 console pipes this file into the server's own interpreter (the bootstrap and the message shapes
 are in tui/core/protocol.py, the decoder side; the design in ../shared/DESIGN.md).
-Subcommands: launch, watch, kill, runs, preflight.  Every message is one JSON object per line
-with "t" (type) and "v" (protocol version); human text never goes to stdout.
+Subcommands: launch, watch, kill, runs, preflight, kill_pids, http.  Every message is one JSON
+object per line with "t" (type) and "v" (protocol version); human text never goes to stdout.
 
 Secrets: launch's spec "redact" values are replaced by «redacted» in launch.json.  watch's spec
 "redact" values, plus the values of the variables named in its "secret_env" as the run's top
@@ -22,10 +22,13 @@ per tick, ticking less often while the log is quiet.
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import json
 import os
 import platform
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -92,6 +95,53 @@ def redact(text: str, secrets: list[str]) -> str:
     for secret in sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True):
         text = text.replace(secret, REDACTED)
     return text
+
+
+def _digest(salt: str, value: str) -> str:
+    return hashlib.sha256((salt + value).encode("utf-8", "replace")).hexdigest()
+
+
+def secret_hashes(secrets: list[str]) -> list[dict]:
+    """What launch.json keeps of each secret instead of its value: length, first two
+    characters, salted SHA-256; enough for SecretFinder to recognise it in the log."""
+    out = []
+    for secret in sorted({s for s in secrets if len(s) >= 4}):
+        salt = os.urandom(16).hex()
+        out.append({"n": len(secret), "head": secret[:2], "salt": salt,
+                    "sha256": _digest(salt, secret)})
+    return out
+
+
+class SecretFinder:
+    """Recognises the launch's secrets in log lines by their hashes, so that an agent whose
+    console lacks them (another shell, the top process already gone) still learns the values
+    and reports them before the lines that hold them; the console then redacts those lines."""
+
+    def __init__(self, hashes: object, known: list[str]) -> None:
+        self.known = known  # shared with the watcher: found values are hidden in procs rows too
+        wanted = [h for h in hashes if isinstance(h, dict)
+                  and isinstance(h.get("n"), int) and h["n"] >= 4
+                  and all(isinstance(h.get(k), str) for k in ("head", "salt", "sha256"))
+                  ] if isinstance(hashes, list) else []
+        self.pending = [h for h in wanted
+                        if not any(_digest(h["salt"], k) == h["sha256"] for k in known)]
+
+    def scan(self, lines: list[str]) -> list[str]:
+        """The secrets first seen in `lines` (each reported once); [] at once when none is
+        left to find, the usual case."""
+        found: list[str] = []
+        for line in lines if self.pending else ():
+            for h in list(self.pending):
+                at = line.find(h["head"])
+                while at >= 0:
+                    candidate = line[at:at + h["n"]]
+                    if len(candidate) == h["n"] and _digest(h["salt"], candidate) == h["sha256"]:
+                        found.append(candidate)
+                        self.pending.remove(h)
+                        break
+                    at = line.find(h["head"], at + 1)
+        self.known.extend(found)
+        return found
 
 
 def write_json_atomic(path: str, obj: object) -> None:
@@ -354,8 +404,8 @@ class Run:
 class Proc:
     """One process of the run; its pidfd turns readable when it exits."""
 
-    __slots__ = ("alive", "argv", "comm", "cpu_prev", "name", "pgid", "pid", "pidfd", "ppid",
-                 "start_ticks", "state", "top")
+    __slots__ = ("alive", "argv", "children_fd", "comm", "cpu_prev", "name", "pgid", "pid",
+                 "pidfd", "ppid", "start_ticks", "state", "top")
 
     def __init__(self, pid: int, st: Stat, top: bool) -> None:
         self.pid = pid
@@ -366,6 +416,7 @@ class Proc:
         self.argv = read_cmdline(pid)
         self.name = vllm_name(self.argv, st.comm, top)
         self.pidfd: int | None = None
+        self.children_fd: int | None = None  # its children file, open while it is young
         self.alive = not st.dead
         self.cpu_prev: tuple[int, float] | None = None
 
@@ -448,20 +499,21 @@ class Tracker:
 
         /proc/<pid>/task/<pid>/children costs one read per member, cheap enough for every
         tick: a vLLM worker that dies of a broken import lives well under a scan interval,
-        and must still be seen (and its death reported).
+        and must still be seen (and its death reported).  The file stays open while its
+        member is young: a pread a tick instead of an open, a read and a close.
         """
         adopted = []
         born_after = (time.time() - young - self.boot) * CLK_TCK
-        stack = [p for p in self.alive() if p.start_ticks > born_after]
+        stack = []
+        for p in self.alive():
+            if p.start_ticks > born_after:
+                stack.append(p)
+            elif p.children_fd is not None:  # grown old: its children are left to scan()
+                os.close(p.children_fd)
+                p.children_fd = None
         while stack:
             parent = stack.pop()
-            try:
-                with open(f"/proc/{parent.pid}/task/{parent.pid}/children", "rb",
-                          buffering=0) as f:
-                    kids = [int(k) for k in f.read().split()]
-            except (OSError, ValueError):
-                continue
-            for pid in kids:
+            for pid in self._children(parent):
                 if pid in self.procs:
                     continue
                 st = read_stat(pid)
@@ -473,6 +525,25 @@ class Tracker:
                 if proc.alive:
                     stack.append(proc)
         return adopted
+
+    def _children(self, proc: Proc) -> list[int]:
+        """The pids in proc's children file, opened once and checked to be this very process
+        (the descriptor then follows it, never a recycled pid); [] when it is gone."""
+        try:
+            if proc.children_fd is None:
+                fd = os.open(f"/proc/{proc.pid}/task/{proc.pid}/children",
+                             os.O_RDONLY | os.O_CLOEXEC)
+                st = read_stat(proc.pid)
+                if st is None or st.start_ticks != proc.start_ticks:
+                    os.close(fd)
+                    return []
+                proc.children_fd = fd
+            data = b""
+            while part := os.pread(proc.children_fd, 65536, len(data)):
+                data += part
+            return [int(k) for k in data.split()]
+        except (OSError, ValueError):
+            return []
 
     def _member(self, st: Stat) -> bool:
         parent = self.procs.get(st.ppid)
@@ -525,6 +596,9 @@ class Tracker:
             self.by_fd.pop(proc.pidfd, None)
             os.close(proc.pidfd)
             proc.pidfd = None
+        if proc.children_fd is not None:
+            os.close(proc.children_fd)
+            proc.children_fd = None
         proc.alive = False
         return {"pid": proc.pid, "name": proc.name, "code": code, "signal": sig,
                 "time": time.time(), "top": proc.top}
@@ -553,7 +627,8 @@ class Tracker:
 
     def _row(self, p: Proc, cpu: float | None, rss: int | None, secrets: list[str]) -> dict:
         cmd = " ".join(p.argv or [])[:MAX_CMD]
-        return {"pid": p.pid, "ppid": p.ppid, "name": p.name, "cmd": redact(cmd, secrets),
+        return {"pid": p.pid, "ppid": p.ppid, "name": redact(p.name, secrets),
+                "cmd": redact(cmd, secrets),
                 "state": p.state, "cpu": cpu, "rss": rss,
                 "started": round(self.boot + p.start_ticks / CLK_TCK, 2), "alive": p.alive}
 
@@ -561,6 +636,10 @@ class Tracker:
         for fd in list(self.by_fd):
             os.close(fd)
         self.by_fd.clear()
+        for proc in self.procs.values():
+            if proc.children_fd is not None:
+                os.close(proc.children_fd)
+                proc.children_fd = None
 
 
 def env_members(run: Run, exclude: set[int]) -> list[int]:
@@ -694,9 +773,10 @@ def utf8_cut(data: bytes) -> int:
 class LogTail:
     """Complete lines from a byte offset; a partial last line waits for its newline."""
 
-    def __init__(self, path: str, offset: int) -> None:
+    def __init__(self, path: str, offset: int, finder: SecretFinder | None = None) -> None:
         self.path = path
         self.offset = max(0, offset)
+        self.finder = finder
         self.partial = b""
         self.fd: int | None = None
         self.size = -1
@@ -751,8 +831,10 @@ class LogTail:
         lines = data.split(b"\n")
         if data.endswith(b"\n"):
             lines.pop()
-        emit("log", off=self.offset, end=self.offset + len(data),
-             lines=[line.decode("utf-8", "replace") for line in lines])
+        texts = [line.decode("utf-8", "replace") for line in lines]
+        if self.finder is not None and (found := self.finder.scan(texts)):
+            emit("secrets", redact=found)  # before the lines that hold them
+        emit("log", off=self.offset, end=self.offset + len(data), lines=texts)
 
 
 # ----------------------------------------------------------------------------- health
@@ -771,13 +853,10 @@ class Health(threading.Thread):
         self.last: dict[str, bool] = {}
 
     def run(self) -> None:
-        import urllib.request
-
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         next_metrics = 0.0
         while not self.stop.is_set():
             for path in self.paths:
-                status, _ = http_request(opener, self.port, path, timeout=1)
+                status, _ = http_request(self.port, path, timeout=1)
                 ok = status is not None and 200 <= status < 300
                 if self.stop.is_set():
                     return
@@ -788,7 +867,7 @@ class Health(threading.Thread):
                     and time.monotonic() >= next_metrics:
                 path, prefix, every = self.metrics
                 next_metrics = time.monotonic() + every
-                status, body = http_request(opener, self.port, path, timeout=2)
+                status, body = http_request(self.port, path, timeout=2)
                 if status == 200:
                     text = body.decode("utf-8", "replace")
                     lines = [x for x in text.splitlines() if x.startswith(prefix)]
@@ -800,36 +879,91 @@ class Health(threading.Thread):
 HTTP_BODY_MAX = 1 << 20
 
 
-def http_request(opener, port: int, path: str, timeout: float, body: bytes | None = None):
-    """(status or None, at most 1 MiB of the body) from 127.0.0.1:port; never raises."""
-    import urllib.error
-    import urllib.request
+def http_request(port: int, path: str, timeout: float, body: bytes | None = None,
+                 ) -> tuple[int | None, bytes]:
+    """(status or None, at most 1 MiB of the body) from 127.0.0.1:port; never raises.
 
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}", data=body,
-        headers={"Content-Type": "application/json"} if body is not None else {})
-    try:
-        with opener.open(request, timeout=timeout) as r:
-            return r.status, r.read(HTTP_BODY_MAX)
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read(HTTP_BODY_MAX) if exc.fp is not None else b""
-    except Exception:
+    HTTP/1.1 on a plain socket, Connection: close, no proxy, no redirects followed; `timeout`
+    bounds the whole exchange.  urllib cost three times the CPU, and the health check asks
+    twice a second for as long as the agent watches.
+    """
+    if not path.isascii() or not path.isprintable() or " " in path:
         return None, b""
+    head = (f"{'GET' if body is None else 'POST'} {path} HTTP/1.1\r\n"
+            f"Host: 127.0.0.1:{port}\r\nConnection: close\r\n")
+    if body is not None:
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    deadline = time.monotonic() + timeout
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+            sock.sendall(head.encode() + b"\r\n" + (body or b""))
+            return _http_reply(sock, deadline)
+    except (OSError, ValueError):  # refused, reset, timed out, or not HTTP
+        return None, b""
+
+
+def _http_reply(sock: socket.socket, deadline: float) -> tuple[int, bytes]:
+    """The status and body of the response (ValueError: not HTTP).  The body ends where its
+    Content-Length or last chunk says, else where the server closes."""
+    buf = bytearray()
+
+    def more() -> bool:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        sock.settimeout(left)
+        data = sock.recv(65536)
+        buf.extend(data)
+        return bool(data)
+
+    status = 100
+    while 100 <= status < 200:  # interim responses (100 Continue) precede the real one
+        while (end := buf.find(b"\r\n\r\n")) < 0:
+            if len(buf) > 65536 or not more():
+                raise ValueError("no HTTP response head")
+        lines = bytes(buf[:end]).split(b"\r\n")
+        del buf[:end + 4]
+        version, _, rest = lines[0].partition(b" ")
+        if not (version.startswith(b"HTTP/1.") and rest[:3].isdigit()):
+            raise ValueError("not an HTTP status line")
+        status = int(rest[:3])
+    fields = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        fields[name.strip().lower()] = value.strip().lower()
+    if status in (204, 304):
+        return status, b""
+    if b"chunked" in fields.get(b"transfer-encoding", b""):
+        out = bytearray()
+        while len(out) < HTTP_BODY_MAX:
+            while (eol := buf.find(b"\r\n")) < 0:
+                if not more():
+                    return status, bytes(out)
+            size = int(bytes(buf[:eol]).split(b";")[0], 16)
+            if size == 0:
+                break
+            del buf[:eol + 2]
+            while len(buf) < size + 2 and more():
+                pass
+            out += buf[:size]
+            del buf[:size + 2]
+        return status, bytes(out[:HTTP_BODY_MAX])
+    want = max(0, min(int(fields.get(b"content-length", HTTP_BODY_MAX)), HTTP_BODY_MAX))
+    while len(buf) < want and more():
+        pass
+    return status, bytes(buf[:want])
 
 
 def cmd_http(spec: dict) -> int:
     """One request to the server from the GPU host (a smoke request): status, time, body."""
-    import urllib.request
-
     port = _get(spec, "port", int)
     path = _get(spec, "path", str)
     if not path.startswith("/"):
         raise SpecError("path must start with /")
     body = _get(spec, "json", dict, None)
     timeout = float(_get(spec, "timeout", (int, float), 30.0))
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     start = time.monotonic()
-    status, data = http_request(opener, port, path, timeout,
+    status, data = http_request(port, path, timeout,
                                 json.dumps(body).encode() if body is not None else None)
     emit("http", status=status, seconds=round(time.monotonic() - start, 4),
          body=data.decode("utf-8", "replace"))
@@ -884,15 +1018,22 @@ def cmd_launch(spec: dict) -> int:
     except FileExistsError:
         raise AgentFailure("run_exists", f"{run_dir} already exists") from None
     except OSError as exc:
-        raise AgentFailure("run_dir", f"cannot create {run_dir}: {exc.strerror or exc}") from None
-    os.chmod(run_dir, 0o700)
-    write_json_atomic(os.path.join(run_dir, "launch.json"), {
-        "run_id": run_id, "profile_key": spec.get("profile_key"),
-        "argv": [redact(a, secrets) for a in argv], "env_names": sorted(env),
-        "cwd": redact(cwd, secrets), "started": time.time(), "agent_version": AGENT_VERSION,
-    })
+        raise AgentFailure("run_dir", f"cannot create {run_dir}: {exc.strerror or exc} — "
+                           f"{_runs_dir_fix(exc)}") from None
     log = os.path.join(run_dir, "server.log")
-    log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.chmod(run_dir, 0o700)
+        write_json_atomic(os.path.join(run_dir, "launch.json"), {
+            "run_id": run_id, "profile_key": spec.get("profile_key"),
+            "argv": [redact(a, secrets) for a in argv], "env_names": sorted(env),
+            "cwd": redact(cwd, secrets), "started": time.time(), "agent_version": AGENT_VERSION,
+            "secret_hashes": secret_hashes(secrets),
+        })
+        log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError as exc:  # a full disk: no half-made run is left behind
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise AgentFailure("run_dir", f"cannot write in {run_dir}: {exc.strerror or exc} — "
+                           f"{_runs_dir_fix(exc)}") from None
     server_env = dict(os.environ)
     server_env.update(env)
     server_env[ENV_KEY] = run_id
@@ -923,6 +1064,12 @@ def cmd_launch(spec: dict) -> int:
         raise AgentFailure("exec_failed", str(failure.get("error") or "the server did not start"))
     emit("launched", run_id=run_id, run_dir=run_dir, pid=info["pid"], pgid=info["pgid"], log=log)
     return 0
+
+
+def _runs_dir_fix(exc: OSError) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free space on that disk, or set host.runs_dir to a directory with room"
+    return "set host.runs_dir to a directory you can write"
 
 
 def _become_monitor(run_dir: str, log_fd: int, argv: list[str], env: dict, cwd: str) -> None:
@@ -999,7 +1146,8 @@ def cmd_watch(spec: dict) -> int:
     if port is not None:
         health = Health(port, health_paths, health_every, metrics)
         health.start()
-    watcher = Watcher(run, use_pidfd, LogTail(run.log, log_offset), gpus, health, intervals,
+    tail = LogTail(run.log, log_offset, SecretFinder(run.launch.get("secret_hashes"), secrets))
+    watcher = Watcher(run, use_pidfd, tail, gpus, health, intervals,
                       secrets, secret_env if found is None else [])
     watcher.loop()
     return 0
@@ -1080,6 +1228,7 @@ class Watcher:
                 time.sleep(0.005)
             if info is not None:
                 event["code"], event["signal"] = info.get("code"), info.get("signal")
+        event["name"] = redact(event["name"], self.secrets)  # a title may hold a secret
         emit("exit", **event)
 
     def _procs(self) -> None:
@@ -1272,6 +1421,92 @@ def _gpu_release(pids: set[int], deadline: float) -> tuple[bool | None, list[dic
         time.sleep(0.2)
 
 
+def cmd_kill_pids(spec: dict) -> int:
+    """Kill GPU holders the preflight named (leftovers of ended runs), and nothing else.
+
+    Each target is (pid, start_ticks) as the preflight saw it.  Right before TERM, a target must
+    still be that very process (a pidfd opened, then its start time compared) and still hold GPU
+    memory (NVML); once TERMed, the escalation follows it by its pidfd, so a recycled pid is
+    never hit.  Then KILL after the grace, and verify: which remain, whether their GPU memory
+    was released.  Without NVML nothing can be verified, so nothing is signalled.
+    """
+    grace = float(_get(spec, "grace", (int, float), 10.0))
+    wanted = []
+    for target in _get(spec, "targets", list):
+        pid, ticks = (target.get("pid"), target.get("start_ticks")) \
+            if isinstance(target, dict) else (None, None)
+        if not (isinstance(pid, int) and isinstance(ticks, int)) or pid <= 1:
+            raise SpecError("each target needs an int pid (> 1) and start_ticks")
+        wanted.append((pid, ticks))
+    gpus = Gpus()
+    if not gpus.ok:
+        raise AgentFailure("nvml", f"cannot tell who holds GPU memory ({gpus.error}); "
+                           "nothing was signalled")
+    exclude = ancestors(os.getpid())
+    held = {h["pid"] for h in gpus.all_holders()}
+    live: dict[int, tuple[int | None, int]] = {}  # pid -> (pidfd or None, start ticks)
+    skipped = []
+    for pid, ticks in wanted:
+        fd = _pidfd(pid)
+        if pid in exclude or not _is(pid, ticks) or pid not in held:
+            skipped.append(pid)
+            if fd is not None:
+                os.close(fd)
+        else:
+            live[pid] = (fd, ticks)
+    if skipped:
+        emit("kill_step", step="SKIP", pids=sorted(skipped), time=time.time())
+    try:
+        for pid, (fd, ticks) in live.items():
+            _send(pid, fd, ticks, signal.SIGTERM)
+        emit("kill_step", step="TERM", pids=sorted(live), time=time.time())
+        _wait_gone(live, time.monotonic() + grace)
+        survivors = sorted(p for p, (_, ticks) in live.items() if _is(p, ticks))
+        for pid in survivors:
+            _send(pid, *live[pid], signal.SIGKILL)
+        emit("kill_step", step="KILL", pids=survivors, time=time.time())
+        _wait_gone(live, time.monotonic() + 5)
+        remaining = sorted(p for p, (_, ticks) in live.items() if _is(p, ticks))
+    finally:
+        for fd, _ in live.values():
+            if fd is not None:
+                os.close(fd)
+    released, holders = _gpu_release(set(live), time.monotonic() + min(10.0, grace + 2))
+    emit("killed", remaining=remaining, gpu_released=released, gpu_holders=holders,
+         time=time.time())
+    return 0
+
+
+def _is(pid: int, ticks: int) -> bool:
+    """pid is alive (not a zombie) and is the process that started at `ticks`."""
+    st = read_stat(pid)
+    return st is not None and not st.dead and st.start_ticks == ticks
+
+
+def _pidfd(pid: int) -> int | None:
+    if not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
+def _send(pid: int, fd: int | None, ticks: int, sig: int) -> None:
+    """Through the pidfd, opened while the process was verified; without one, by pid right
+    after checking its start time again."""
+    with contextlib.suppress(OSError):
+        if fd is not None:
+            signal.pidfd_send_signal(fd, sig)
+        elif _is(pid, ticks):
+            os.kill(pid, sig)
+
+
+def _wait_gone(pids: dict[int, tuple[int | None, int]], deadline: float) -> None:
+    while any(_is(p, ticks) for p, (_, ticks) in pids.items()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 # ----------------------------------------------------------------------------- runs
 
 
@@ -1309,8 +1544,9 @@ def cmd_runs(spec: dict) -> int:
 def cmd_preflight(spec: dict) -> int:
     checks: list[dict] = []
 
-    def add(check: str, ok: bool, message: str, severity: str = "error") -> None:
-        checks.append({"check": check, "ok": ok, "severity": severity, "message": message})
+    def add(check: str, ok: bool, message: str, severity: str = "error", **extra) -> None:
+        checks.append({"check": check, "ok": ok, "severity": severity, "message": message,
+                       **extra})
 
     for path in _str_list(spec, "compile_files"):
         error = compile_error(os.path.expanduser(path))
@@ -1321,7 +1557,7 @@ def cmd_preflight(spec: dict) -> int:
     gpus = None
     if _get(spec, "check_gpus", bool, False):
         gpus = Gpus()
-        _check_gpus(gpus, add)
+        _check_gpus(gpus, add, _get(spec, "runs_dir", str, None))
     port = _get(spec, "port", int, None)
     if port is not None:
         _check_port(port, add)
@@ -1420,19 +1656,58 @@ def _install_time(package: str) -> float | None:
     return None
 
 
-def _check_gpus(gpus: Gpus, add) -> None:
+def _check_gpus(gpus: Gpus, add, runs_dir: str | None) -> None:
+    """Refuse GPUs held by any process, each holder named with its run when it carries one;
+    the holders go along as data, so a leftover (a process of a run that has ended) can be
+    killed by the console, by pid and start time, on the user's word."""
     if not gpus.ok:
         add("gpus_free", False, gpus.error or "NVML unavailable", "warning")
         return
-    busy = []
-    for h in gpus.all_holders():
-        try:
-            pname = psutil.Process(h["pid"]).name()
-        except psutil.Error:
-            pname = "?"
-        mem = f"{h['mem'] / 2**30:.1f} GiB" if isinstance(h["mem"], int) else "memory"
-        busy.append(f"GPU {h['gpu']}: {mem} held by pid {h['pid']} ({pname})")
-    add("gpus_free", not busy, "; ".join(busy) if busy else "no process holds GPU memory")
+    holders = [_gpu_holder(h, runs_dir) for h in gpus.all_holders()]
+    add("gpus_free", not holders,
+        "; ".join(h.pop("text") for h in holders) if holders else "no process holds GPU memory",
+        holders=holders)
+
+
+def _gpu_holder(h: dict, runs_dir: str | None) -> dict:
+    """One holder: pid, start time, vLLM's name for it, its run and whether that run ended."""
+    pid = h["pid"]
+    try:
+        pname = psutil.Process(pid).name()
+    except psutil.Error:
+        pname = "?"
+    st = read_stat(pid)
+    name = vllm_name(read_cmdline(pid), pname, False) if st is not None else pname
+    run_id = _run_id_of(pid)
+    mem = f"{h['mem'] / 2**30:.1f} GiB" if isinstance(h["mem"], int) else "memory"
+    text = f"GPU {h['gpu']}: {mem} held by pid {pid} ({name})"
+    leftover = False
+    if run_id is not None:
+        run = None
+        if runs_dir:
+            with contextlib.suppress(AgentFailure):
+                run = Run(os.path.join(os.path.expanduser(runs_dir), run_id))
+        if run is None:
+            text += f" of run {run_id}, not found in {runs_dir}"
+        elif run.top_alive():
+            text += f" of run {run_id}, which is still running"
+        else:
+            leftover = True
+            text += f" of run {run_id}, which has ended: a leftover"
+    return {"pid": pid, "gpu": h["gpu"], "mem": h["mem"], "name": name, "run_id": run_id,
+            "start_ticks": st.start_ticks if st is not None else None, "leftover": leftover,
+            "text": text}
+
+
+def _run_id_of(pid: int) -> str | None:
+    """The SPECCONSOLE_RUN_ID in a process's environment, if it carries one."""
+    env = read_environ(pid)
+    key = f"\0{ENV_KEY}=".encode()
+    at = env.find(key) if env is not None else -1
+    if at < 0:
+        return None
+    start = at + len(key)
+    return env[start:env.index(b"\0", start)].decode("utf-8", "replace") or None
 
 
 def _check_port(port: int, add) -> None:
@@ -1478,7 +1753,7 @@ def _port_owner(port: int) -> str | None:
 # ----------------------------------------------------------------------------- main
 
 COMMANDS = {"http": cmd_http, "launch": cmd_launch, "watch": cmd_watch, "kill": cmd_kill,
-            "runs": cmd_runs, "preflight": cmd_preflight}
+            "runs": cmd_runs, "preflight": cmd_preflight, "kill_pids": cmd_kill_pids}
 
 
 def main() -> int:

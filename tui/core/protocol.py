@@ -168,11 +168,26 @@ class Runs:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuHolder:
+    """A process holding GPU memory, as preflight found it: `leftover` when it carries the id of
+    a run that has ended (the console may offer to kill it, by pid and start time)."""
+
+    pid: int
+    gpu: int
+    mem: int | None
+    name: str
+    run_id: str | None
+    start_ticks: int | None
+    leftover: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Check:
     check: str
     ok: bool
     severity: str
     message: str
+    holders: tuple[GpuHolder, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +239,14 @@ def _hello(d: dict[str, Any]) -> Hello:
                  redact=tuple(str(v) for v in d.get("redact") or ()))
 
 
+def _holder(d: dict[str, Any]) -> GpuHolder:
+    ticks = d.get("start_ticks")
+    return GpuHolder(pid=int(d["pid"]), gpu=int(d.get("gpu") or 0), mem=d.get("mem"),
+                     name=str(d.get("name") or "?"), run_id=d.get("run_id"),
+                     start_ticks=ticks if isinstance(ticks, int) else None,
+                     leftover=bool(d.get("leftover")))
+
+
 def _run(d: dict[str, Any]) -> RunRecord:
     return RunRecord(run_id=str(d["run_id"]), profile_key=str(d.get("profile_key", "")),
                      run_dir=str(d["run_dir"]), started=d.get("started"), pid=d.get("pid"),
@@ -257,7 +280,8 @@ _DECODERS: dict[str, Any] = {
                                 str(d.get("body", ""))),
     "preflight": lambda d: Preflight(tuple(
         Check(str(c["check"]), bool(c["ok"]), str(c.get("severity", "error")),
-              str(c.get("message", ""))) for c in d.get("checks") or ())),
+              str(c.get("message", "")), tuple(_holder(h) for h in c.get("holders") or ()))
+        for c in d.get("checks") or ())),
 }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,9 @@ from tui.core.command import build_server_argv, host_python, new_run_id, resolve
 from tui.core.errors import AgentError
 from tui.core.profile import Profile
 from tui.core.protocol import (
+    AgentFault,
     Check,
+    GpuHolder,
     HttpReply,
     Killed,
     KillStep,
@@ -111,6 +113,7 @@ async def preflight(session: Session, profile: Profile) -> tuple[Check, ...]:
         "engine_package": profile.server.engine if pf.compile and pf.engine_package
         and profile.simulate is None else None,
         "check_gpus": pf.gpus_free,
+        "runs_dir": profile.host.runs_dir,  # to tell a leftover of an ended run from a live one
         "port": profile.server.port if pf.port_free else None,
         "paths": _paths_to_check(profile) if pf.paths_exist else [],
         # "GPUs free" covers "enough GPUs": a CPU-only profile switches both off
@@ -137,17 +140,35 @@ async def kill(session: Session, profile: Profile, run_dir: str, grace: float,
                ) -> tuple[list[KillStep], Killed]:
     """TERM, KILL after the grace, sweep; each step reported to `on_step` as it happens (the
     user watches the escalation), then what remains."""
+    return await _kill(session, profile, "kill", {"run_dir": run_dir, "grace": grace}, grace,
+                       on_step)
+
+
+async def kill_holders(session: Session, profile: Profile, holders: Sequence[GpuHolder],
+                       grace: float, on_step: Callable[[KillStep], None] | None = None,
+                       ) -> tuple[list[KillStep], Killed]:
+    """Kill exactly these GPU holders (leftovers the preflight named): the agent signals each
+    only while it is the same process (pid and start time) and still holds GPU memory."""
+    targets = [{"pid": h.pid, "start_ticks": h.start_ticks} for h in holders]
+    return await _kill(session, profile, "kill_pids", {"targets": targets, "grace": grace},
+                       grace, on_step)
+
+
+async def _kill(session: Session, profile: Profile, command: str, spec: dict[str, Any],
+                grace: float, on_step: Callable[[KillStep], None] | None,
+                ) -> tuple[list[KillStep], Killed]:
     steps: list[KillStep] = []
 
     async def run() -> Killed | None:
-        async for ev in stream_agent(session, agent_target(profile), "kill",
-                                     {"run_dir": run_dir, "grace": grace}):
+        async for ev in stream_agent(session, agent_target(profile), command, spec):
             if isinstance(ev, KillStep):
                 steps.append(ev)
                 if on_step is not None:
                     on_step(ev)
             elif isinstance(ev, Killed):
                 return ev
+            elif isinstance(ev, AgentFault):  # e.g. no NVML to verify with: nothing signalled
+                raise AgentError(session.host, f"{ev.kind}: {ev.message}")
         return None
 
     try:

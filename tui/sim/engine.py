@@ -4,12 +4,18 @@
         [--speculative-config JSON] [other vllm args, shown in "non-default args", else ignored]
         --sim-scenario ready|syntax-error|oom|hang|engine-killed --sim-time-scale X
         [--sim-gpus 8] [--sim-gpu-state DIR] [--sim-flood LINES_PER_S]
+        [--sim-orphans] [--sim-ignore-sigterm] [--sim-escapee]
 
 This process is the API server (`(APIServer pid=N)`). It spawns the engine core
 (`VLLM::EngineCore_DP0`, `tui/sim/engine_core.py`), which spawns N workers (`VLLM::Worker_TP<r>`,
 `tui/sim/worker.py`); all of them write vLLM-shaped lines to the inherited stdout/stderr on the
 schedule of `timeline.py`, scaled by --sim-time-scale. Stdlib only: it runs wherever the
 agent's Python runs, psutil or not.
+
+Faults for the kill and leftover tests (simulation only): --sim-orphans (the engine core and
+workers outlive a killed API server, as real vLLM's do), --sim-ignore-sigterm (every process
+ignores SIGTERM: only SIGKILL ends the run), --sim-escapee (one more process of the run that
+left its session and group and holds GPU memory: `tui/sim/escapee.py`).
 """
 
 from __future__ import annotations
@@ -75,6 +81,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
                        "(access log, request records, stats, warnings) at this rate")
     serve.add_argument("--sim-gpu-state", help="fake NVML state dir (default: "
                        f"${gpu_state.STATE_ENV} or ~/.specconsole/sim-gpus)")
+    serve.add_argument("--sim-orphans", action="store_true",
+                       help="the engine core and workers outlive a killed API server")
+    serve.add_argument("--sim-ignore-sigterm", action="store_true",
+                       help="every process of the server ignores SIGTERM")
+    serve.add_argument("--sim-escapee", action="store_true",
+                       help="start a process that leaves the session and holds GPU memory")
     args, extra = parser.parse_known_args(argv)
     if not (args.model_tag or args.model):
         serve.error("the model is required (positional MODEL or --model)")
@@ -140,7 +152,7 @@ class ApiServer:
         self.max_len: int = args.max_model_len or (262_144 if "Kimi" in self.arch else 163_840)
         self.shown_args = non_default_args(args, extra)
         self.clock = SimClock(time.time(), args.sim_time_scale)
-        self.rt = runtime.Runtime(self.clock)
+        self.rt = runtime.Runtime(self.clock, args.sim_ignore_sigterm)
         self.log = SimLog("APIServer", self.clock)
         self.state_dir = gpu_state.state_dir(args.sim_gpu_state)
         served = args.served_model_name[0] if args.served_model_name else self.model
@@ -165,6 +177,9 @@ class ApiServer:
 
     def _run(self) -> int:
         self.gpus = gpu_state.ensure_devices(self.state_dir, self.args.sim_gpus)
+        if self.args.sim_escapee:
+            runtime.spawn("sim-escapee", "tui.sim.escapee",
+                          {"python": runtime.this_python(), "gpu_state": self.state_dir}).wait()
         self.rt.at(tl.BANNER)
         for text in lines.banner(tl.VERSION, self.model):
             self.log.info(lines.SRC_BANNER, text)
@@ -203,7 +218,8 @@ class ApiServer:
             "max_model_len": self.max_len, "gpu_util": args.gpu_memory_utilization,
             "gpus": self.gpus, "gpu_state": self.state_dir, "patched_model": self.patched,
             "dist_port": 40_000 + os.getpid() % 20_000, "python": runtime.this_python(),
-            "status_fd": write_fd,
+            "status_fd": write_fd, "orphans": args.sim_orphans,
+            "ignore_sigterm": args.sim_ignore_sigterm,
         }
         self.engine = runtime.spawn("VLLM::EngineCore_DP0", "tui.sim.engine_core", config,
                                     pass_fds=[write_fd])

@@ -42,7 +42,7 @@ class EngineCore:
         self.cfg = cfg
         self.spec = lines.Spec.from_json(cfg["spec"]) if cfg["spec"] else None
         self.clock = SimClock(cfg["t0"], cfg["scale"])
-        self.rt = runtime.Runtime(self.clock)
+        self.rt = runtime.Runtime(self.clock, cfg.get("ignore_sigterm", False))
         self.log = SimLog("EngineCore_DP0", self.clock)
         self.workers: list[_Worker] = []
 
@@ -157,7 +157,7 @@ class EngineCore:
 
 def main() -> int:
     cfg = runtime.child_config()
-    runtime.become(cfg["title"], cfg["parent_pid"])
+    runtime.become(cfg["title"], cfg["parent_pid"], cfg.get("orphans", False))
     return EngineCore(cfg).run()
 
 

@@ -10,6 +10,10 @@
   a test's process group) never leaves a simulated GPU holder behind.
 - `Runtime` turns SIGTERM/SIGINT into a `Terminated` exception raised only at waits (through a
   wakeup fd), never in the middle of writing a log line.
+
+Two fault options, simulation only (`--sim-orphans`, `--sim-ignore-sigterm` of the engine):
+orphans arm no PDEATHSIG, so the engine core and the workers outlive a killed API server as
+real vLLM's do; ignore_term makes SIGTERM do nothing, as in a server wedged in a collective.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ class SimClock:
 class Runtime:
     """Signals and waiting for one simulated process; waits raise `Terminated`."""
 
-    def __init__(self, clock: SimClock) -> None:
+    def __init__(self, clock: SimClock, ignore_term: bool = False) -> None:
         self.clock = clock
         self.signal: int | None = None
         self._wake_r, wake_w = os.pipe()
@@ -65,6 +69,8 @@ class Runtime:
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
+        if ignore_term:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.signal = signum
@@ -99,14 +105,24 @@ def child_config() -> dict[str, Any]:
     return json.loads(os.environ.pop(CONFIG_ENV))
 
 
-def become(title: str, parent_pid: int) -> None:
-    """Take vLLM's process name and die with the parent (see the module docstring)."""
+def become(title: str, parent_pid: int, orphan: bool = False) -> None:
+    """Take vLLM's process name and die with the parent, unless `orphan` (see the module
+    docstring)."""
+    set_name(title)
+    if orphan:
+        return
     prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
     if prctl is not None:
-        prctl(_PR_SET_NAME, title.encode()[:15], 0, 0, 0)
         prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before PDEATHSIG was armed
         os._exit(1)
+
+
+def set_name(title: str) -> None:
+    """comm, as `ps` and a zombie show it (the kernel keeps 15 characters)."""
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+    if prctl is not None:
+        prctl(_PR_SET_NAME, title.encode()[:15], 0, 0, 0)
 
 
 def spawn(title: str, module: str, config: dict[str, Any],

@@ -36,7 +36,7 @@ class Worker:
         self.state_dir: str = cfg["gpu_state"]
         self.status_fd: int = cfg["status_fd"]
         self.clock = SimClock(cfg["t0"], cfg["scale"])
-        self.rt = runtime.Runtime(self.clock)
+        self.rt = runtime.Runtime(self.clock, cfg.get("ignore_sigterm", False))
         self.log = SimLog(f"Worker_TP{self.rank}", self.clock)
         self.rng = random.Random(cfg["t0"] * 1000 + self.rank)
         self.used = 0.0  # GiB
@@ -206,7 +206,7 @@ class Worker:
 
 def main() -> int:
     cfg = runtime.child_config()
-    runtime.become(cfg["title"], cfg["parent_pid"])
+    runtime.become(cfg["title"], cfg["parent_pid"], cfg.get("orphans", False))
     worker = Worker(cfg)
     code = worker.run()
     if code:  # die right after stamping the moment, so latency is measured from the death
