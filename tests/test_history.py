@@ -204,15 +204,23 @@ async def test_dead_launch_is_recorded_with_its_cause_and_its_hook(tmp_path: Pat
         assert loaded.usual["loading weights"] == 660.0
         await next_event(events, Died)
         await asyncio.sleep(1.0)
+        death = sup.machine.death
         record = history.get(sup.run.run_id)
-        assert record.outcome == "dead" and record.exit_code == 1
-        assert "SyntaxError" in record.cause
+        assert record.outcome == "dead" and record.exit_code == death.code
+        assert record.cause == death.cause.line and "SyntaxError" in record.cause
+        # every worker dies of the broken import within a millisecond or two; the one the
+        # agent saw die first has exit code 1, unless its parent reaped it before the agent
+        # read it and vLLM's log named a sibling instead: then unknown, on screen as here
+        reported = sup.machine.reported_codes
+        assert death.code == 1 or (death.code is None and reported
+                                   and death.process not in reported), (death, reported)
         await sup.kill(1.0)
         assert history.get(sup.run.run_id).outcome == "dead"
     finally:
         await sup.close()  # waits for the hook
     line = log.read_text()
-    assert line.startswith("dead Worker_TP") and " 1 SyntaxError" in line
+    said = " ".join(str(x) for x in ("dead", death.process, death.code) if x is not None)
+    assert line.startswith(f"{said} SyntaxError"), line  # an unknown code: no variable
     assert sup.machine.state is State.STOPPED
 
 
