@@ -211,6 +211,34 @@ def test_an_exit_code_the_agent_missed_is_taken_from_the_log() -> None:
     assert m.death.code == 1 and any(isinstance(e, CauseUpdated) for e in events)
 
 
+REPORT_TP0 = ("(EngineCore_DP0 pid=200) ERROR 12-02 10:00:07 [multiproc_executor.py:249] Worker "
+              "proc Worker_TP0 died unexpectedly (exit code: 1), shutting down executor.")
+
+
+@pytest.mark.parametrize("log_first", [False, True])
+@pytest.mark.parametrize(("apart", "taken"), [(0.01, True), (0.2, True), (2.0, False)])
+def test_workers_dying_together_take_vllms_account_of_which_failed(
+        log_first: bool, apart: float, taken: bool) -> None:
+    """Several workers die of one broken import; the agent saw Worker_TP1 first but could not
+    read its code (its parent reaped it), and vLLM names Worker_TP0, which died with it."""
+    m = _machine()
+    if log_first:
+        _feed(m, [REPORT_TP0], T0 + 6)
+    died = m.feed_exit(ProcExit(301, "Worker_TP1", None, None, T0 + 6, False), T0 + 6)
+    assert next(e for e in died if isinstance(e, Died)).death.process == "Worker_TP1"
+    events = m.feed_exit(ProcExit(300, "Worker_TP0", None, None, T0 + 6 + apart, False),
+                         T0 + 6 + apart)
+    if not log_first:
+        events += _feed(m, [REPORT_TP0], T0 + 7)
+    assert m.death is not None
+    if taken:
+        assert (m.death.pid, m.death.process, m.death.code) == (300, "Worker_TP0", 1)
+        assert m.death.at == T0 + 6  # the run died when the first death was seen
+        assert any(isinstance(e, CauseUpdated) for e in events)
+    else:  # it died later, of the shutdown: not the run's death
+        assert (m.death.process, m.death.code) == ("Worker_TP1", None)
+
+
 def test_a_young_death_takes_vllms_name_and_reported_code_from_the_log() -> None:
     """The agent saw the worker only as a fork of the engine core, and its parent reaped it."""
     m = _machine()

@@ -1180,16 +1180,18 @@ class Watcher:
             timeout = max(0.0, due - time.monotonic())
             if not self.tracker.use_pidfd:  # deaths are found by polling: poll often
                 timeout = min(timeout, self.log_every)
+            dead = []
             for fd, _ in self.tracker.poller.poll(timeout * 1000):
                 if fd == self.stdin:
                     if not self._read_stdin():
                         return
                 elif fd in self.tracker.by_fd:
-                    self._died(self.tracker.by_fd[fd])
+                    dead.append(self.tracker.by_fd[fd])
+            if dead:
+                self._died(dead)
             now = time.monotonic()
-            if not self.tracker.use_pidfd:
-                for proc in self.tracker.poll_deaths():
-                    self._died(proc)
+            if not self.tracker.use_pidfd and (dead := self.tracker.poll_deaths()):
+                self._died(dead)
             if now >= next_procs:
                 next_procs = now + self.procs_every
                 self._procs()
@@ -1217,19 +1219,23 @@ class Watcher:
         except OSError:
             return False
 
-    def _died(self, proc: Proc) -> None:
-        event = self.tracker.mark_dead(proc)  # first: its parent may reap it any moment
-        self.tail.pump()  # the dying process's last lines (its traceback) come before its exit
-        self.exit_due = self.exit_due or proc.top
-        if proc.top and event["code"] is None and event["signal"] is None:
-            # the monitor reaped it before we read its stat: exit.json follows within ms
-            deadline = time.monotonic() + 0.05
-            while (info := self.run.exit_info()) is None and time.monotonic() < deadline:
-                time.sleep(0.005)
-            if info is not None:
-                event["code"], event["signal"] = info.get("code"), info.get("signal")
-        event["name"] = redact(event["name"], self.secrets)  # a title may hold a secret
-        emit("exit", **event)
+    def _died(self, procs: list[Proc]) -> None:
+        """Report processes found dead in one wakeup, in the order they were watched (a
+        parent before its children, which die of its death): every stat is read before
+        anything else, as their parents may reap them any moment."""
+        events = [self.tracker.mark_dead(p) for p in procs]
+        self.tail.pump()  # the dying processes' last lines (tracebacks) come before their exits
+        for event in events:
+            self.exit_due = self.exit_due or event["top"]
+            if event["top"] and event["code"] is None and event["signal"] is None:
+                # the monitor reaped it before we read its stat: exit.json follows within ms
+                deadline = time.monotonic() + 0.05
+                while (info := self.run.exit_info()) is None and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                if info is not None:
+                    event["code"], event["signal"] = info.get("code"), info.get("signal")
+            event["name"] = redact(event["name"], self.secrets)  # a title may hold a secret
+            emit("exit", **event)
 
     def _procs(self) -> None:
         if self.tracker.run.top_pid is None:
@@ -1247,9 +1253,8 @@ class Watcher:
 
     def _adopt(self, procs: list[Proc]) -> None:
         """Found already dead (a zombie, or gone before its pidfd opened): report it now."""
-        for proc in procs:
-            if not proc.alive:
-                self._died(proc)
+        if dead := [p for p in procs if not p.alive]:
+            self._died(dead)
 
     def _check_exit(self) -> None:
         """run_exit once exit.json exists (the monitor writes it after reaping the top)."""

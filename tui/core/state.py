@@ -65,6 +65,8 @@ def _status(code: int | None, signal: int | None) -> tuple[int | None, int | Non
     return code, signal
 
 
+# Processes that exit this close to the run's death died with it (one wakeup of the agent).
+TOGETHER_S = 0.25
 # A parent's report that a command it ran failed (Python's CalledProcessError): vLLM's model
 # inspection subprocess is reaped by the API server before the agent can read its code.
 _REPORTED_COMMAND = re.compile(r"Command '(\[.*?\])' returned non-zero exit status (-?\d+)")
@@ -205,6 +207,8 @@ class LaunchMachine:
     reported_codes: dict[str, int] = field(default_factory=dict)
     # processes that ended with an unknown code, until the log says how (see _REPORTED_COMMAND)
     pending_exits: dict[int, ProcExit] = field(default_factory=dict)
+    # server processes that died with the run's death (see _vllms_account): name -> pid
+    died_with: dict[str, int] = field(default_factory=dict)
     # the latest `SpecDecoding metrics:` interval (acceptance while serving)
     spec_decode: SpecDecodeInterval | None = None
     health_paths: tuple[str, ...] = ("/health", "/v1/models")
@@ -288,9 +292,7 @@ class LaunchMachine:
             death = self.death
             if names.get(death.pid, death.process) != death.process:  # the log names it now
                 death = replace(death, process=names[death.pid])
-            if death.code is None and death.signal is None and death.process in self.reported_codes:
-                code, sig = _status(self.reported_codes[death.process], None)
-                death = replace(death, code=code, signal=sig)
+            death = self._vllms_account(death)
             cause = self.tracker.cause()
             if cause is not None and cause != cause_before:
                 death = replace(death, cause=cause)
@@ -298,6 +300,22 @@ class LaunchMachine:
                 self.death = death
                 events.append(CauseUpdated(death))
         return events
+
+    def _vllms_account(self, death: Death) -> Death:
+        """The death with the exit code vLLM's log reports, when the agent could not read it
+        (the parent reaped the process first). Workers that die of one broken import die
+        together, and the agent may see them in another order than their parent did: when the
+        log names another process that died with this one, vLLM's account (which died, with
+        what code) stands for it."""
+        if death.code is not None or death.signal is not None:
+            return death
+        if death.process not in self.reported_codes:
+            name = next((n for n in self.reported_codes if n in self.died_with), None)
+            if name is None:
+                return death
+            death = replace(death, pid=self.died_with[name], process=name)
+        code, sig = _status(self.reported_codes[death.process], None)
+        return replace(death, code=code, signal=sig)
 
     def _note_reported_code(self, message: str) -> None:
         m = _REPORTED_EXIT.search(message)
@@ -386,6 +404,13 @@ class LaunchMachine:
         code, sig = _status(ex.code, ex.signal) if ex.code is not None or ex.signal is not None \
             else _status(self.reported_codes.get(name), None)
         ex = replace(ex, name=name, code=code, signal=sig)
+        if self.death is not None and abs(ex.time - self.death.at) <= TOGETHER_S \
+                and _SERVER_ROLE.match(name) and len(self.died_with) < _PENDING_MAX:
+            self.died_with[name] = ex.pid
+            death = self._vllms_account(self.death)
+            if death != self.death:
+                self.death = death
+                return [CauseUpdated(death)]
         if not self.state.live or self.death is not None:
             return []
         failed = (ex.code not in (0, None)) or ex.signal is not None
