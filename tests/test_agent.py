@@ -650,6 +650,45 @@ def test_health_changes_and_stops_after_the_run(runs) -> None:
         server.shutdown()
 
 
+class _CountingHealth(BaseHTTPRequestHandler):
+    asked: dict[str, int] = {}
+    models_ok = True
+
+    def do_GET(self) -> None:
+        type(self).asked[self.path] = type(self).asked.get(self.path, 0) + 1
+        self.send_response(200 if self.path == "/health" or type(self).models_ok else 404)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_healthy_server_is_asked_its_later_paths_every_tenth_tick(runs) -> None:
+    """/health every tick; /v1/models, once it answered, every CONFIRM_EVERY ticks (half the
+    agent's requests): a model that stops being served is still noticed within those ticks."""
+    handler = type("Handler", (_CountingHealth,), {"asked": {}, "models_ok": True})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    run_dir, _ = runs(SLEEPER)
+    health = {"port": server.server_address[1], "paths": ["/health", "/v1/models"],
+              "interval": 0.05}
+    agent = Agent("watch", watch_spec(run_dir, health=health))
+    try:
+        agent.next("health", lambda m: m["path"] == "/v1/models" and m["ok"])
+        wait_for(lambda: handler.asked.get("/health", 0) >= 40, what="40 health ticks")
+        asked = dict(handler.asked)
+        assert asked["/v1/models"] <= asked["/health"] // 10 + 2, asked
+        assert asked["/v1/models"] >= 3, asked  # still confirmed now and then
+        handler.models_ok = False
+        started = time.monotonic()
+        _, lost = agent.next("health", lambda m: m["path"] == "/v1/models")
+        assert (lost["ok"], lost["status"]) == (False, 404)
+        assert time.monotonic() - started < 10 * 0.05 + 1.0
+    finally:
+        assert agent.close() == 0
+        server.shutdown()
+
+
 # --------------------------------------------------------------------------- kill
 
 STUBBORN_TREE = r"""

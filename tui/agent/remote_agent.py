@@ -840,6 +840,9 @@ class LogTail:
 # ----------------------------------------------------------------------------- health
 
 
+CONFIRM_EVERY = 10  # health ticks between checks of the paths after the first, once healthy
+
+
 class Health(threading.Thread):
     """GET the server's health paths off the main loop (a hung server must not delay deaths);
     while it is healthy, also the metrics lines that start with `metrics_prefix`, now and then."""
@@ -853,9 +856,17 @@ class Health(threading.Thread):
         self.last: dict[str, bool] = {}
 
     def run(self) -> None:
+        """Until every path has answered, each is asked every tick; then the first (the
+        liveness check, /health) every tick and the others (/v1/models: still serving the
+        model) every CONFIRM_EVERY ticks, again every tick once any fails: half the requests
+        of a healthy server, the agent's largest cost while it watches."""
         next_metrics = 0.0
+        tick = 0
         while not self.stop.is_set():
-            for path in self.paths:
+            healthy = len(self.last) == len(self.paths) and all(self.last.values())
+            confirm = not healthy or tick % CONFIRM_EVERY == 0
+            tick += 1
+            for path in self.paths if confirm else self.paths[:1]:
                 status, _ = http_request(self.port, path, timeout=1)
                 ok = status is not None and 200 <= status < 300
                 if self.stop.is_set():
