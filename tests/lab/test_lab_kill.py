@@ -189,8 +189,8 @@ async def test_console_sigkilled_mid_load_reattaches_to_the_same_run(
         cleanup: list[str], lab_figures: dict[str, Any]) -> None:
     """`wait --launch` SIGKILLed while the weights load, then started again (still with
     --launch): it attaches to the same run, nothing is launched twice, its phases are the
-    load's with the times the first one saw; the console attaching too shows every line of
-    the log once and the same phase; both end READY."""
+    load's, each once, and right after the replay the one the log is in; the console
+    attaching too shows every line of the log once and the same phase; both end READY."""
     host = ROUTES[route]
     profile = lab_profile(host)
     runs = tmp_path / "runs"
