@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from helpers import carriers, wait_for
@@ -651,7 +652,7 @@ def test_health_changes_and_stops_after_the_run(runs) -> None:
 
 
 class _CountingHealth(BaseHTTPRequestHandler):
-    asked: dict[str, int] = {}
+    asked: ClassVar[dict[str, int]] = {}
     models_ok = True
 
     def do_GET(self) -> None:
