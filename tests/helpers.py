@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from textual.pilot import Pilot
 
 RUN_ID_ENV = "SPECCONSOLE_RUN_ID"
 
@@ -145,3 +146,13 @@ gpu_state = "{tmp / 'gpus'}"
 {extra}
 """)
     return path
+
+
+async def until(pilot: Pilot[Any], check: Callable[[], object], timeout: float = 30,
+                what: str = "") -> None:
+    """Let the app run until `check()` is truthy, or an AssertionError naming `what`."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
+        await pilot.pause(0.02)

@@ -12,14 +12,12 @@ import re
 import socket
 import stat
 import time
-from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from helpers import carriers, sim_profile
+from helpers import carriers, sim_profile, until
 from sshserver import SSHTestServer
-from textual.pilot import Pilot
 
 from tui.app import ConsoleApp
 from tui.core.profile import HostConfig, load_profile
@@ -33,15 +31,6 @@ from tui.widgets.banner import Banner
 from tui.widgets.logs import CAUSE_MARK, LogPane, LogView
 from tui.widgets.procs import ProcPane
 from tui.widgets.timeline import TimelinePane
-
-
-async def until(pilot: Pilot[str], check: Callable[[], object], timeout: float = 30,
-                what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
-        await pilot.pause(0.02)
 
 
 def banner_text(app: ConsoleApp) -> str:

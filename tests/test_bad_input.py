@@ -29,9 +29,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import carriers, free_port, sim_profile
+from helpers import carriers, free_port, sim_profile, until
 from sshserver import SSHTestServer
-from textual.pilot import Pilot
 
 from tui import cli
 from tui.app import ConsoleApp
@@ -123,14 +122,6 @@ def screen_text(app: ConsoleApp) -> str:
     assert not bad, f"the console would write {bad} to the terminal"
     return text
 
-
-async def until(pilot: Pilot[str], check: Callable[[], object], timeout: float = 30,
-                what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
-        await pilot.pause(0.02)
 
 
 def _opener(server: SSHTestServer | None) -> Callable[[HostConfig], object]:

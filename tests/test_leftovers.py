@@ -21,9 +21,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from helpers import alive, carriers, sim_profile
+from helpers import alive, carriers, sim_profile, until
 from sshserver import SSHTestServer
-from textual.pilot import Pilot
 
 from tui.app import ConsoleApp
 from tui.core.errors import PreflightFailed
@@ -158,14 +157,6 @@ async def test_launch_kill_leftovers_over_ssh(tmp_path: Path, ssh_server: SSHTes
 
 def banner_text(app: ConsoleApp) -> str:
     return str(app.query_one(Banner).render())
-
-
-async def until(pilot: Pilot[str], check: Callable[[], object], timeout: float = 30,
-                what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        await pilot.pause(0.02)
 
 
 def footer_keys(app: ConsoleApp) -> set[str]:
