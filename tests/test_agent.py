@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 from helpers import carriers, wait_for
@@ -622,14 +622,22 @@ class _Health(BaseHTTPRequestHandler):
         pass
 
 
-def test_health_changes_and_stops_after_the_run(runs) -> None:
-    handler = type("Handler", (_Health,), {"ready": False})
+def _health_server(handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _health_spec(server: ThreadingHTTPServer, interval: float) -> dict[str, Any]:
+    return {"port": server.server_address[1], "paths": ["/health", "/v1/models"],
+            "interval": interval}
+
+
+def test_health_changes_and_stops_after_the_run(runs) -> None:
+    handler = type("Handler", (_Health,), {"ready": False})
+    server = _health_server(handler)
     run_dir, launched = runs(SLEEPER)
-    health = {"port": server.server_address[1], "paths": ["/health", "/v1/models"],
-              "interval": 0.1}
-    agent = Agent("watch", watch_spec(run_dir, health=health))
+    agent = Agent("watch", watch_spec(run_dir, health=_health_spec(server, 0.1)))
     try:
         _, first = agent.next("health", lambda m: m["path"] == "/health")
         assert (first["ok"], first["status"]) == (False, 503)
@@ -668,12 +676,9 @@ def test_a_healthy_server_is_asked_its_later_paths_every_tenth_tick(runs) -> Non
     """/health every tick; /v1/models, once it answered, every CONFIRM_EVERY ticks (half the
     agent's requests): a model that stops being served is still noticed within those ticks."""
     handler = type("Handler", (_CountingHealth,), {"asked": {}, "models_ok": True})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = _health_server(handler)
     run_dir, _ = runs(SLEEPER)
-    health = {"port": server.server_address[1], "paths": ["/health", "/v1/models"],
-              "interval": 0.05}
-    agent = Agent("watch", watch_spec(run_dir, health=health))
+    agent = Agent("watch", watch_spec(run_dir, health=_health_spec(server, 0.05)))
     try:
         agent.next("health", lambda m: m["path"] == "/v1/models" and m["ok"])
         wait_for(lambda: handler.asked.get("/health", 0) >= 40, what="40 health ticks")
