@@ -695,6 +695,30 @@ def test_a_healthy_server_is_asked_its_later_paths_every_tenth_tick(runs) -> Non
         server.shutdown()
 
 
+def test_the_log_disk_running_low_is_said_once(runs) -> None:
+    """statvfs of the run's directory each procs tick: a level change is one `disk` event
+    (here the low mark is set above any real disk's free space, then back to zero)."""
+    run_dir, _ = runs(SLEEPER)
+    agent = Agent("watch", watch_spec(run_dir, disk_low=2**62))
+    try:
+        _, low = agent.next("disk")
+        st = os.statvfs(run_dir)
+        assert low["level"] == "low" and low["path"] == str(run_dir)
+        assert abs(low["free"] - st.f_bavail * st.f_frsize) < 64 << 20
+        agent.next("procs")
+        agent.next("procs")
+        assert sum(m["t"] == "disk" for m in agent.seen) == 1  # said once, not every tick
+    finally:
+        assert agent.close() == 0
+    agent = Agent("watch", watch_spec(run_dir, disk_low=0))
+    try:
+        agent.next("procs")
+        agent.next("procs")
+        assert not [m for m in agent.seen if m["t"] == "disk"]  # room: nothing to say
+    finally:
+        assert agent.close() == 0
+
+
 # --------------------------------------------------------------------------- kill
 
 STUBBORN_TREE = r"""

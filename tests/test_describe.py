@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tui.core.describe import death_lines, duration
+from tui.core.describe import death_lines, disk_words, duration
 from tui.core.phases import Phase
+from tui.core.protocol import DiskSpace
 from tui.core.rootcause import RootCause
 from tui.core.state import Death
 
@@ -31,3 +32,16 @@ def test_death_lines(code: int | None, sig: int | None, expect: list[str]) -> No
     text = "\n".join(lines)
     for fragment in expect:
         assert fragment in text
+
+
+@pytest.mark.parametrize(("level", "free", "text", "loud"), [
+    ("full", 12 << 10, "gpu-a: disk full where the run's log is written (12 KiB free in /r): "
+     "the server's output is being lost; free space there", "warning"),
+    ("low", 200 << 20, "gpu-a: disk almost full where the run's log is written (200.0 MiB free "
+     "in /r)", "warning"),
+    ("ok", 3 << 30, "gpu-a: the run's log disk has room again (3.0 GiB free)", "info"),
+    ("low", None, "gpu-a: disk almost full where the run's log is written (? free in /r)",
+     "warning"),
+])
+def test_disk_words(level: str, free: int | None, text: str, loud: str) -> None:
+    assert disk_words("gpu-a", DiskSpace(level, free, "/r", 0.0)) == (text, loud)

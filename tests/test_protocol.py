@@ -9,6 +9,7 @@ import pytest
 from tui.core.errors import AgentError
 from tui.core.protocol import (
     PROTOCOL_VERSION,
+    DiskSpace,
     GpuInfo,
     Health,
     Hello,
@@ -52,6 +53,10 @@ def _line(**fields: object) -> bytes:
      Secrets, lambda e: e.redact == ("hf_abcdefgh",)),
     ({"t": "health", "ok": True, "path": "/v1/models", "status": 200, "time": 5.0},
      Health, lambda e: e.ok and e.status == 200),
+    ({"t": "disk", "level": "full", "free": 4096, "path": "/r/x", "time": 6.0},
+     DiskSpace, lambda e: (e.level, e.free, e.path) == ("full", 4096, "/r/x")),
+    ({"t": "disk", "level": "ok", "free": None, "path": "/r/x", "time": 6.0},
+     DiskSpace, lambda e: e.level == "ok" and e.free is None),
 ])
 def test_each_message_decodes(fields: dict[str, object], kind: type | None, check) -> None:
     event = decode(_line(**fields))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tui.core.command import redact, shell_join
-from tui.core.describe import duration, gpu_verdict
+from tui.core.describe import disk_words, duration, gpu_verdict
 from tui.core.errors import (
     ConnectionLost,
     HostUnreachable,
@@ -34,6 +34,7 @@ from tui.core.profile import Profile
 from tui.core.protocol import (
     AgentFault,
     Check,
+    DiskSpace,
     GpuHolder,
     Gpus,
     Health,
@@ -600,6 +601,8 @@ class Supervisor:
                 self._emit([SpecDecodeSeen(totals, event.time)])
         elif isinstance(event, AgentFault):
             self._emit([Notice(f"agent: {event.kind}: {event.message}", "warning")])
+        elif isinstance(event, DiskSpace):
+            self._emit([Notice(*disk_words(self.profile.host.target, event))])
 
     def _lines(self, chunk: LogChunk) -> list[tuple[int, str]]:
         """Per-line byte offsets; a chunk that starts before what we have is trimmed."""

@@ -269,9 +269,9 @@ def test_disk_full_refuses_the_launch(lab: Lab, lab_profile: ProfileFactory, tmp
 async def test_disk_fills_during_the_run(lab: Lab, lab_profile: ProfileFactory,
                                          tmp_path: Path, cleanup: list[str],
                                          lab_figures: dict[str, Any]) -> None:
-    """The disk fills mid-load, so the server's log cannot grow: supervision goes on (no
-    traceback, `wait` still ends on the health endpoint: READY), and `kill` still ends the
-    run without a process left."""
+    """The disk fills mid-load, so the server's log cannot grow: `wait` says so (the disk is
+    low from the start, then full), supervision goes on (no traceback, READY from the health
+    endpoint), and `kill` still ends the run without a process left."""
     disk = tmp_path / "filling"
     with host_mount(lab, disk, f"mount -t tmpfs -o size=512k specconsole-filling {disk}"):
         profile = lab_profile(name="disk-fills", runs_dir=str(disk / "runs"), time_scale=100)
@@ -293,6 +293,10 @@ async def test_disk_fills_during_the_run(lab: Lab, lab_profile: ProfileFactory,
         out = first + rest.decode()
         assert waiting.returncode == EXIT_READY, out + err.decode()
         assert "READY after" in out and "Traceback" not in out + err.decode(), out
+        # said, not silent: low from the start (a 512 KiB disk), then full once filled
+        low = out.index("disk almost full where the run's log is written")
+        full = out.index("disk full where the run's log is written")
+        assert low < full and "the server's output is being lost" in out[full:], out
         log = _host_sh(lab, f"stat -c %s {disk}/runs/{run_id}/server.log")
         assert log.returncode == 0, log.stderr
         assert carriers(run_id), "the server should still be up"

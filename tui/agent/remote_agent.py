@@ -1127,6 +1127,20 @@ def _become_monitor(run_dir: str, log_fd: int, argv: list[str], env: dict, cwd: 
 
 # ----------------------------------------------------------------------------- watch
 
+DISK_LOW = 256 << 20  # free bytes under which the disk of the run's log is said to be low
+DISK_FULL = 64 << 10  # ...and full: the server's next lines may be lost
+
+
+def disk_level(path: str, low: int) -> tuple[str, int | None]:
+    """("ok" | "low" | "full", free bytes) for the file system holding `path`, as an
+    unprivileged writer sees it; ("ok", None) when it cannot be read."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return "ok", None
+    free = st.f_bavail * st.f_frsize
+    return ("full" if free < min(low, DISK_FULL) else "low" if free < low else "ok"), free
+
 
 def cmd_watch(spec: dict) -> int:
     run = Run(_get(spec, "run_dir", str))
@@ -1144,6 +1158,7 @@ def cmd_watch(spec: dict) -> int:
         max(1.0, float(_get(metrics_spec, "interval", (int, float), 10.0))))
     secrets = list(_str_list(spec, "redact"))
     secret_env = _str_list(spec, "secret_env")
+    disk_low = max(0, _get(spec, "disk_low", int, DISK_LOW))
     use_pidfd = pidfd_supported()
     gpus = Gpus()
     found = run.env_secrets(secret_env)  # None only while the pid file is missing (mid-launch)
@@ -1159,7 +1174,7 @@ def cmd_watch(spec: dict) -> int:
         health.start()
     tail = LogTail(run.log, log_offset, SecretFinder(run.launch.get("secret_hashes"), secrets))
     watcher = Watcher(run, use_pidfd, tail, gpus, health, intervals,
-                      secrets, secret_env if found is None else [])
+                      secrets, secret_env if found is None else [], disk_low)
     watcher.loop()
     return 0
 
@@ -1169,7 +1184,7 @@ class Watcher:
 
     def __init__(self, run: Run, use_pidfd: bool, tail: LogTail, gpus: Gpus,
                  health: Health | None, intervals: tuple[float, float, float],
-                 secrets: list[str], secret_env: list[str]) -> None:
+                 secrets: list[str], secret_env: list[str], disk_low: int = DISK_LOW) -> None:
         """secrets: values hidden in procs rows; secret_env: names whose values are still to
         be read from the top's environ (its pid was unknown at hello), then sent and hidden."""
         self.run, self.tail, self.gpus, self.health = run, tail, gpus, health
@@ -1181,6 +1196,7 @@ class Watcher:
         self.run_exited = False
         self.exit_due = False  # the top died: look for exit.json every tick, not every second
         self.finished = False
+        self.disk_low, self.disk = disk_low, "ok"  # the log's disk: said when its level changes
 
     def loop(self) -> None:
         now = time.monotonic()
@@ -1259,8 +1275,17 @@ class Watcher:
                 if found:
                     emit("secrets", redact=found)
         self._adopt(self.tracker.scan())
+        self._check_disk()
         emit("procs", time=time.time(), procs=self.tracker.snapshot(time.monotonic(),
                                                                     self.secrets))
+
+    def _check_disk(self) -> None:
+        """The server appends its output to server.log: on a full disk those lines are lost
+        and nothing else would say so (one statvfs a procs tick)."""
+        level, free = disk_level(self.run.dir, self.disk_low)
+        if level != self.disk:
+            self.disk = level
+            emit("disk", level=level, free=free, path=self.run.dir, time=time.time())
 
     def _adopt(self, procs: list[Proc]) -> None:
         """Found already dead (a zombie, or gone before its pidfd opened): report it now."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import signal
 
-from tui.core.protocol import Killed
+from tui.core.protocol import DiskSpace, Killed
 from tui.core.state import (
     CauseUpdated,
     Death,
@@ -91,3 +91,18 @@ def gpu_verdict(killed: Killed) -> tuple[bool, str]:
         return False, "GPU memory NOT released: " + ", ".join(
             f"pid {h.get('pid')} on GPU {h.get('gpu')}" for h in ours)
     return True, "GPU memory released"
+
+
+def disk_words(host: str, disk: DiskSpace) -> tuple[str, str]:
+    """(the sentence, its notice level) for a change of the run's log disk: the server appends
+    its output there, so a full disk loses lines while the run goes on."""
+    free = ("?" if disk.free is None else f"{disk.free >> 10} KiB" if disk.free < 2**20
+            else f"{disk.free / 2**20:.1f} MiB" if disk.free < 2**30
+            else f"{disk.free / 2**30:.1f} GiB")
+    if disk.level == "full":
+        return (f"{host}: disk full where the run's log is written ({free} free in {disk.path}):"
+                " the server's output is being lost; free space there", "warning")
+    if disk.level == "low":
+        return (f"{host}: disk almost full where the run's log is written ({free} free in "
+                f"{disk.path})", "warning")
+    return f"{host}: the run's log disk has room again ({free} free)", "info"

@@ -205,6 +205,17 @@ class Metrics:
 
 
 @dataclass(frozen=True, slots=True)
+class DiskSpace:
+    """The disk holding the run's log changed level: "low", "full" (the server's next lines
+    may be lost) or "ok" again; `free` in bytes (None: unknown)."""
+
+    level: str
+    free: int | None
+    path: str
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
 class HttpReply:
     """One request made from the GPU host: status (None: no answer), seconds, body."""
 
@@ -214,7 +225,7 @@ class HttpReply:
 
 
 AgentEvent = (Hello | Secrets | Procs | Gpus | LogChunk | ProcExit | RunExit | Health | AgentFault
-              | Launched | KillStep | Killed | Runs | Preflight | Metrics | HttpReply)
+              | Launched | KillStep | Killed | Runs | Preflight | Metrics | HttpReply | DiskSpace)
 
 
 def _proc(d: dict[str, Any]) -> ProcInfo:
@@ -276,6 +287,9 @@ _DECODERS: dict[str, Any] = {
     "runs": lambda d: Runs(tuple(_run(r) for r in d.get("runs") or ())),
     "metrics": lambda d: Metrics(str(d.get("path", "")), str(d.get("text", "")),
                                  float(d["time"])),
+    "disk": lambda d: DiskSpace(str(d.get("level", "ok")),
+                                d["free"] if isinstance(d.get("free"), int) else None,
+                                str(d.get("path", "")), float(d["time"])),
     "http": lambda d: HttpReply(d.get("status"), float(d.get("seconds") or 0.0),
                                 str(d.get("body", ""))),
     "preflight": lambda d: Preflight(tuple(
