@@ -46,7 +46,8 @@ CHUNK = 1 << 20  # the most log bytes in one message; a longer line is split her
 MAX_CMD = 8192  # the most characters of a command line we report
 YOUNG = 60.0  # seconds: processes this young are checked for new children ...
 YOUNG_EVERY = 0.1  # ... this often (vLLM spawns its engine and workers in their first seconds)
-FIX_PYTHON = "point host.python at the server's venv, which has psutil and pynvml"
+FIX_PYTHON = ("point host.python at the server's venv, which has psutil and pynvml (or install "
+              "them into that Python: pip install psutil nvidia-ml-py)")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 STATES = {

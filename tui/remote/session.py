@@ -705,7 +705,8 @@ sys.stdout.write(json.dumps(out) + "\\n")
 """
 
 PYTHON_FIX = "set host.python to the server's venv python (e.g. /opt/vllm/.venv/bin/python)"
-MODULE_FIX = "point host.python at the server's venv, which has psutil and pynvml"
+MODULE_FIX = ("point host.python at the server's venv, which has psutil and pynvml (or install "
+              "them into that Python: pip install psutil nvidia-ml-py)")
 
 
 def python_missing(host: str, python: str, code: int, stderr: str) -> RemotePythonMissing | None:
