@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from rich.text import Text
 from textual.app import App, ComposeResult, SystemCommand
 from textual.containers import Container, Vertical
-from textual.events import Resize
+from textual.events import Event, InputEvent, Resize
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Static
@@ -29,6 +29,7 @@ from tui.core.logwindow import DEFAULT_CAP, Entry, LogWindow
 from tui.core.protocol import GpuHolder
 from tui.core.state import State
 from tui.core.status import status_line
+from tui.heap import QuietCollector
 from tui.keys import KEYS, bindings
 from tui.messages import (
     AlertRaised,
@@ -70,8 +71,10 @@ class ConsoleApp(App[str]):
     def __init__(self, sup: Supervisor, *, launch: bool = True, demo: bool = False,
                  kill_grace: float = 10.0, clock: Callable[[], float] = time.time,
                  env: Mapping[str, str] | None = None, log_cap: int = DEFAULT_CAP,
-                 profile_arg: str | None = None, kill_leftovers: bool = False) -> None:
+                 profile_arg: str | None = None, kill_leftovers: bool = False,
+                 heap: QuietCollector | None = None) -> None:
         super().__init__()
+        self.heap = heap  # full garbage collections at quiet moments (specconsole's own run)
         self.sup = sup
         self.bridge = Bridge(sup)
         self.launch_allowed = launch
@@ -114,11 +117,23 @@ class ConsoleApp(App[str]):
         self._layout(self.size.width, self.size.height)
         self.query_one(LogView).focus()
         self.set_interval(1.0, self._tick)
+        if self.heap is not None:
+            self.set_interval(0.25, self._collect_if_quiet)
         self.run_worker(self._supervise(), name="supervise", exit_on_error=False)
 
     async def on_unmount(self) -> None:
         """However the app ends, stop watching and drop the session (the server stays)."""
         await self.sup.close()
+
+    async def on_event(self, event: Event) -> None:
+        """A key or the mouse: the user is looking, so no full collection for a while."""
+        if self.heap is not None and isinstance(event, InputEvent):
+            self.heap.busy()
+        await super().on_event(event)
+
+    def _collect_if_quiet(self) -> None:
+        assert self.heap is not None
+        self.heap.poll()
 
     def on_resize(self, event: Resize) -> None:
         self._layout(event.size.width, event.size.height)
@@ -204,6 +219,8 @@ class ConsoleApp(App[str]):
 
     def _route(self, message: Message) -> None:
         if isinstance(message, (LogLines, RootCauseFound)):
+            if self.heap is not None:
+                self.heap.busy()
             self.query_one(LogPane).post_message(message)
         elif isinstance(message, ProcsChanged):
             self.query_one(ProcPane).post_message(message)

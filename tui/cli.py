@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import sqlite3
 import sys
@@ -24,6 +23,7 @@ from tui.core.logline import strip_escapes
 from tui.core.phases import Phase
 from tui.core.profile import Profile, load_profile, parse_duration
 from tui.core.state import Died, LineAdded, ProgressChanged, Ready, Stalled, State
+from tui.heap import QuietCollector, settle_heap
 from tui.history import History, diff
 from tui.remote import launcher
 from tui.supervisor import (
@@ -432,23 +432,17 @@ def cmd_console(args: argparse.Namespace) -> int:
                         profile_arg=name)
 
 
-def settle_heap() -> None:
-    """Before the console runs: what is alive now (modules, classes, most of the heap) leaves
-    the garbage collector's full passes, which under a log firehose otherwise stop the screen
-    for 100 ms and more about once a second (tests/bench/firehose.py)."""
-    gc.collect()
-    gc.freeze()
-
-
 def _run_console(sup: Supervisor, *, launch: bool, profile_arg: str, demo: bool = False,
                  kill_grace: float = 10.0, kill_leftovers: bool = False) -> int:
     from tui.app import ConsoleApp
 
+    heap = QuietCollector()
     app = ConsoleApp(sup, launch=launch, demo=demo, kill_grace=kill_grace,
-                     profile_arg=profile_arg, kill_leftovers=kill_leftovers)
+                     profile_arg=profile_arg, kill_leftovers=kill_leftovers, heap=heap)
     settle_heap()
     try:
-        message = app.run()
+        with heap:  # full collections at quiet moments while the console runs
+            message = app.run()
     finally:
         if demo and sup.run is not None and not app.demo_stopped:
             asyncio.run(_stop_demo(sup.profile))  # the demo leaves nothing running, even on ^C

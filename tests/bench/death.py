@@ -129,7 +129,7 @@ async def _engine_killed_top(tmp: Path) -> tuple[int | None, float]:
 async def _one_banner(tmp: Path, target: str, ssh_config: str | None) -> float:
     """Milliseconds from the worker's death to the first refresh after the DEAD banner."""
     from tui.app import ConsoleApp
-    from tui.cli import settle_heap
+    from tui.heap import QuietCollector, settle_heap
     from tui.widgets.banner import Banner
 
     shown: list[float] = []
@@ -143,14 +143,16 @@ async def _one_banner(tmp: Path, target: str, ssh_config: str | None) -> float:
     Banner.show = show  # type: ignore[method-assign]
     sup = supervisor(profile_for(tmp, "syntax-error", target=target, time_scale=SCALE),
                      ssh_config)
-    app = ConsoleApp(sup, env={}, kill_grace=1.0)
+    heap = QuietCollector()
+    app = ConsoleApp(sup, env={}, kill_grace=1.0, heap=heap)
     settle_heap()  # as `specconsole` does before it runs the console
     try:
-        async with app.run_test(size=(200, 50)) as pilot:
-            deadline = time.monotonic() + 60
-            while not shown and time.monotonic() < deadline:
-                await pilot.pause(0.05)
-            await sup.kill(1.0)
+        with heap:  # full collections at quiet moments, as in `specconsole`
+            async with app.run_test(size=(200, 50)) as pilot:
+                deadline = time.monotonic() + 60
+                while not shown and time.monotonic() < deadline:
+                    await pilot.pause(0.05)
+                await sup.kill(1.0)
     finally:
         gc.unfreeze()
         Banner.show = original  # type: ignore[method-assign]
