@@ -52,7 +52,8 @@ class ReplaySupervisor(Supervisor):
         self.pinned = PinnedClock(self.t0)
         super().__init__(profile, clock=self.pinned)
 
-    async def start(self, *, launch: bool = True, skip_preflight: bool = False) -> RunInfo:
+    async def start(self, *, launch: bool = True, skip_preflight: bool = False,
+                    kill_leftovers: bool = False, grace: float = 10.0) -> RunInfo:
         run_id = "kimi-k25-eagle3-20260930-140210-a1b2c3"
         self.run = RunInfo(run_id, f"/home/ml/.specconsole/runs/{run_id}", self.pid, self.t0,
                            attached=False)
