@@ -109,16 +109,11 @@ def count_lines(lines: Sequence[Any], log: Path) -> LineCount:
                      len(per_proc))
 
 
-def sim_profile(tmp: Path, scenario: str, *, target: str = "local", time_scale: float = 300.0,
-                name: str | None = None, stall: str = "30s", extra: str = "") -> Path:
-    """Write a simulated-engine profile whose runs and fake GPUs live under `tmp`."""
-    path = tmp / f"{name or scenario}.toml"
-    path.write_text(f"""
-[host]
-target = "{target}"
-python = "{sys.executable}"
-runs_dir = "{tmp / 'runs'}"
-
+def sim_server(tmp: Path, scenario: str, time_scale: float, *, load_time: str = "25m",
+               stall: str = "30s") -> str:
+    """The profile's tables after [host] for the simulated engine: Kimi-K2.5 at TP 8 with an
+    EAGLE-3 drafter, preflight's file checks off, its fake GPUs under `tmp`."""
+    return f"""
 [server]
 engine = "vllm"
 model = "/models/Kimi-K2.5"
@@ -135,7 +130,7 @@ compile = false
 paths_exist = false
 
 [expect]
-load_time = "25m"
+load_time = "{load_time}"
 stall_timeout = "{stall}"
 
 [simulate]
@@ -143,7 +138,19 @@ scenario = "{scenario}"
 time_scale = {time_scale}
 gpus = 8
 gpu_state = "{tmp / 'gpus'}"
-{extra}
+"""
+
+
+def sim_profile(tmp: Path, scenario: str, *, target: str = "local", time_scale: float = 300.0,
+                name: str | None = None, stall: str = "30s", extra: str = "") -> Path:
+    """Write a simulated-engine profile whose runs and fake GPUs live under `tmp`."""
+    path = tmp / f"{name or scenario}.toml"
+    path.write_text(f"""
+[host]
+target = "{target}"
+python = "{sys.executable}"
+runs_dir = "{tmp / 'runs'}"
+{sim_server(tmp, scenario, time_scale, stall=stall)}{extra}
 """)
     return path
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import free_port
+from helpers import sim_server
 
 from lab.netlab import Lab, missing_requirements
 
@@ -107,32 +107,8 @@ def lab_profile(tmp_path: Path, lab: Lab) -> ProfileFactory:
         path = tmp_path / f"{name or f'{host}-{scenario}'}.toml"
         path.write_text(f"""\
 [host]
-{host_toml}
-[server]
-engine = "vllm"
-model = "/models/Kimi-K2.5"
-port = {free_port()}
-tensor_parallel_size = 8
-
-[server.speculative]
-method = "eagle3"
-model = "/models/Kimi-K2.5-eagle3"
-num_speculative_tokens = 5
-
-[preflight]
-compile = false
-paths_exist = false
-
-[expect]
-load_time = "1m"
-stall_timeout = "{stall_timeout or '5m'}"
-
-[simulate]
-scenario = "{scenario}"
-time_scale = {time_scale}
-gpus = 8
-gpu_state = "{tmp_path / 'gpus'}"
-{sections}
+{host_toml}{sim_server(tmp_path, scenario, time_scale, load_time="1m",
+                       stall=stall_timeout or "5m")}{sections}
 """)
         return path
     return make
