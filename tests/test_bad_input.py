@@ -394,8 +394,8 @@ out.write(b"Traceback (most recent call last):\n  File \"/srv/x.py\", line 1, in
           b"ValueError: boom \x1b]0;PWNED-CAUSE\x07\x1b[2J end-cause\n")
 out.flush()
 time.sleep(0.3)
-named.kill()
-named.wait()
+named.kill()  # left unreaped a moment, so the agent reads its signal: the run's first death
+time.sleep(0.3)
 sys.exit(1)
 '''
 VISIBLE = ["end-osc0", "end-osc2", "end-osc52", "end-clear", "end-dcs", "end-cursor", "end-c1",
@@ -458,7 +458,7 @@ def test_hostile_log_text_in_wait_logs_and_history_is_plain(tmp_path: Path,
     assert not UNSAFE_OUTPUT.search(waited.stdout + waited.stderr)
     cause = next(line for line in waited.stdout.splitlines() if "root cause" in line)
     assert "ValueError: boom  end-cause" in cause, cause
-    assert "DEAD: python (pid" in waited.stdout
+    assert "DEAD: EvilCore (pid" in waited.stdout and "signal 9" in waited.stdout, waited.stdout
     as_json = _cli("wait", str(path), "--json", "--timeout", "20s")  # attaches to the dead run
     assert as_json.returncode == 3
     for line in as_json.stdout.splitlines():
