@@ -110,7 +110,7 @@ def count_lines(lines: Sequence[Any], log: Path) -> LineCount:
 
 
 def sim_server(tmp: Path, scenario: str, time_scale: float, *, load_time: str = "25m",
-               stall: str = "30s") -> str:
+               stall: str = "30s", gpus: int = 8) -> str:
     """The profile's tables after [host] for the simulated engine: Kimi-K2.5 at TP 8 with an
     EAGLE-3 drafter, preflight's file checks off, its fake GPUs under `tmp`."""
     return f"""
@@ -136,7 +136,7 @@ stall_timeout = "{stall}"
 [simulate]
 scenario = "{scenario}"
 time_scale = {time_scale}
-gpus = 8
+gpus = {gpus}
 gpu_state = "{tmp / 'gpus'}"
 """
 

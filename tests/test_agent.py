@@ -171,6 +171,17 @@ def agent_module():
     (["python3", "-c", "from multiprocessing.resource_tracker import main;main(31)"],
      "python3", False, "resource_tracker"),
     (["g++", "-O2"], "g++", False, "g++"),
+    (["sglang::scheduler_TP3"], "sglang::schedul", False, "scheduler_TP3"),
+    (["sglang::scheduler_DP0_TP3_EP3", "-m", "x"], "sglang::schedul", False,
+     "scheduler_DP0_TP3_EP3"),
+    (None, "sglang::detoken", False, "detoken"),
+    (["/venv/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m"], "python3", True,
+     "SGLangServer"),
+    (["python3", "-m", "tui.sim.engine", "--sim-engine", "sglang", "--model-path", "m"],
+     "python3", True, "SGLangServer"),
+    (["ray::RayWorkerWrapper"], "ray::RayWorkerW", False, "RayWorkerWrapper"),
+    (["ray::RayWorkerWrapper.execute_method", ""], "ray::RayWorkerW", False, "RayWorkerWrapper"),
+    (["ray::IDLE"], "ray::IDLE", False, "IDLE"),
 ])
 def test_vllm_names(agent_module, argv, comm, top, name) -> None:
     assert agent_module.vllm_name(argv, comm, top) == name

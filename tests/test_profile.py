@@ -47,7 +47,8 @@ BAD = [
      "missing required key 'engine'"),
     ("missing-target", '[host]\njump = "j"\n' + SERVER, "host.target", "[host]",
      "missing required key 'target'"),
-    ("missing-host", SERVER, "host", None, "missing required key 'host'"),
+    ("missing-host", SERVER, "host", None,
+     "missing required table 'host' (or [[hosts]] for several)"),
     ("unknown-engine", HOST + '[server]\nengine = "vlm"\nmodel = "m"\n', "server.engine",
      'engine = "vlm"', "did you mean 'vllm'?"),
     ("port-zero", BASE + "port = 0\n", "server.port", "port = 0", "between 1 and 65535"),
@@ -75,6 +76,16 @@ BAD = [
      "server.speculative.model", "speculative = {", "needs the drafter's `model`"),
     ("spec-passthrough-date", BASE + '[server.speculative]\nmethod = "ngram"\nwhen = 1979-05-27\n',
      "server.speculative.when", "when = 1979", "cannot be passed to the engine as JSON"),
+    ("sglang-vllm-method", BASE.replace('"vllm"', '"sglang"') +
+     '[server.speculative]\nmethod = "ngram"\n', "server.speculative.method", 'method = "ngram"',
+     "method 'ngram' is vLLM's; with engine = \"sglang\" use one of: eagle3, eagle"),
+    ("sglang-vllm-tokens", BASE.replace('"vllm"', '"sglang"') + '[server.speculative]\n'
+     'method = "eagle3"\nmodel = "d"\nnum_speculative_tokens = 5\n',
+     "server.speculative.num_speculative_tokens", "num_speculative_tokens = 5",
+     "num_speculative_tokens is vLLM's"),
+    ("vllm-sglang-key", BASE + '[server.speculative]\nmethod = "eagle3"\nmodel = "d"\n'
+     "num_draft_tokens = 4\n", "server.speculative.num_draft_tokens", "num_draft_tokens = 4",
+     "num_draft_tokens is SGLang's (--speculative-num-draft-tokens)"),
     ("bad-duration", BASE + '[expect]\nload_time = "25 minutes"\n', "expect.load_time",
      "load_time", "invalid duration '25 minutes'"),
     ("zero-duration", BASE + '[expect]\nstall_timeout = "0s"\n', "expect.stall_timeout",
@@ -188,7 +199,7 @@ def test_defaults():
     assert (host.keepalive_interval, host.keepalive_count_max, host.connect_timeout) == (5, 3, 15)
     assert (server.port, server.listen, server.tensor_parallel_size) == (8000, "0.0.0.0", 1)
     assert (server.executable, server.args, server.env, server.secret_env) == (
-        ("vllm", "serve"), (), {}, ())
+        None, (), {}, ())  # None: the engine's own launcher
     assert server.command is None and server.speculative is None
     assert profile.preflight == PreflightConfig()
     assert profile.preflight.enabled and profile.preflight.compile_files == ()

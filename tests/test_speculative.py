@@ -42,3 +42,14 @@ def test_switched_off() -> None:
     profile = loads_profile(BASE.format(spec='method = "eagle3"\nmodel = "/m/d"', on="false"),
                             "p.toml")
     assert speculative_checks(profile) == ()
+
+
+@pytest.mark.parametrize(("spec", "fragment"), [
+    ('method = "eagle3"\nmodel = "/models/d"', "eagle3, drafter /models/d"),
+    ('method = "eagle"\nmodel = "/models/d"\nnum_steps = 3\neagle_topk = 1\n'
+     "num_draft_tokens = 4", "eagle, 3 steps, top-k 1, 4 draft tokens, drafter /models/d"),
+])
+def test_sglang_chooses_its_steps_itself(spec: str, fragment: str) -> None:
+    text = BASE.format(spec=spec, on="true").replace('"vllm"', '"sglang"')
+    (check,) = speculative_checks(loads_profile(text, "p.toml"))
+    assert check.ok and check.message == fragment

@@ -1,10 +1,12 @@
-"""The console: a Textual app over one Supervisor, driven only by its events.
+"""The console: a Textual app over one or several runs, driven only by their events.
 
-Panes (GPUs, processes, logs, timeline), a banner that cannot be missed, a status line in words,
-keys declared as data. The bridge turns supervisor events into small messages for the panes; the
-app routes them, rings the bell and names the tmux window on DEAD, STALLED and READY, and runs
-kill and restart after a confirmation. Quitting leaves the server running (the demo stops its
-own simulated server) and says so.
+One run on one host is that run's panes (GPUs, processes, logs, timeline), a banner that
+cannot be missed, a status line in words, keys declared as data. Several (profiles, or hosts of
+one profile) open on the fleet: a row per run and per host; Enter opens a host's panes, Escape
+comes back. Every member's events are consumed all the time, each by its own bridge into its
+own panes, so a death in a run nobody is looking at still rings the bell, names the tmux window
+and shows on its row. Kill and restart act on a whole run after a confirmation. Quitting leaves
+the servers running (the demo stops its own) and says so for each.
 """
 
 from __future__ import annotations
@@ -12,19 +14,24 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from rich.text import Text
+from textual import on
 from textual.app import App, ComposeResult, SystemCommand
-from textual.containers import Container, Vertical
+from textual.containers import Vertical
 from textual.events import Event, InputEvent, Resize
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import ContentSwitcher, DataTable, Footer, Static
 
 from tui.alerts import announce, restore_command, run_quietly
 from tui.bridge import Bridge
 from tui.core.errors import PreflightFailed, SpecconsoleError
+from tui.core.fleetview import alert_words, gpu_words, phase_words, worst
+from tui.core.logline import strip_escapes
 from tui.core.logwindow import DEFAULT_CAP, Entry, LogWindow
 from tui.core.protocol import GpuHolder
 from tui.core.state import State
@@ -34,96 +41,137 @@ from tui.keys import KEYS, bindings
 from tui.messages import (
     AlertRaised,
     GpusChanged,
-    HistoryShown,
     LogLines,
-    PreflightShown,
-    ProcsChanged,
     RootCauseFound,
     RunChanged,
     RunReset,
-    SpecDecodeChanged,
 )
+from tui.runs import Member, Run, SingleRun
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.help import HelpScreen
 from tui.supervisor import Supervisor
-from tui.widgets.banner import Banner
-from tui.widgets.gpus import GpuPane
-from tui.widgets.logs import LogPane, LogView, NeedOlder
-from tui.widgets.procs import ProcPane
+from tui.widgets.fleet import FleetRow, FleetTable
+from tui.widgets.logs import LogPane, NeedOlder
+from tui.widgets.member import MemberPanes
 from tui.widgets.timeline import TimelinePane
 
-PANES = ("pane-logs", "pane-gpus", "pane-procs", "pane-timeline")
-PANE_TITLES = {"pane-gpus": "GPUs", "pane-procs": "Processes", "pane-logs": "Logs",
-               "pane-timeline": "Timeline"}
-NARROW_BELOW = (120, 36)  # columns, rows: below either, panes collapse to tabs
 PAGE_BYTES = 256 * 1024  # one scroll-back page fetched from the host
 WINDOW_MARKS = {"dead": "✗ DEAD", "stalled": "⚠ STALLED", "ready": "✓ READY"}
+FLEET_ALERTS = frozenset({"dead", "stalled", "link", "error"})  # what a fleet row keeps
+PANE_ACTIONS = frozenset({"toggle_raw", "search", "next_match", "prev_match", "toggle_follow",
+                          "next_pane", "prev_pane"})  # keys of an open member's panes
+FLEET_REDRAW_S = 0.2
+
+
+@dataclass(eq=False)
+class Watch:
+    """One member as the console follows it: its bridge and log window, its panes, and what
+    its fleet row and the leftovers key need."""
+
+    run: Run
+    member: Member
+    window: LogWindow
+    panes: MemberPanes
+    bridge: Bridge = field(init=False)
+    alert: AlertRaised | None = None  # the last DEAD/STALLED/link/error: its fleet row's
+    offered: tuple[GpuHolder, ...] = ()  # leftovers the refusal on screen names
+    idle_text: str = ""  # why nothing is watched, when nothing is
+    last_state: State | None = None
+
+    def __post_init__(self) -> None:
+        self.bridge = Bridge(self.member.sup)
+
+    @property
+    def sup(self) -> Supervisor:
+        return self.member.sup
 
 
 class ConsoleApp(App[str]):
-    """The console for one profile: returns, on quit, what it says about the server."""
+    """The console for one run or a fleet: returns, on quit, what it says about the servers."""
 
     CSS_PATH = "specconsole.tcss"
     TITLE = "specconsole"
     BINDINGS = bindings()
     ENABLE_COMMAND_PALETTE = True
 
-    def __init__(self, sup: Supervisor, *, launch: bool = True, demo: bool = False,
-                 kill_grace: float = 10.0, clock: Callable[[], float] = time.time,
-                 env: Mapping[str, str] | None = None, log_cap: int = DEFAULT_CAP,
-                 profile_arg: str | None = None, kill_leftovers: bool = False,
-                 heap: QuietCollector | None = None) -> None:
+    def __init__(self, runs: Supervisor | Sequence[Run], *, launch: bool = True,
+                 demo: bool = False, kill_grace: float = 10.0,
+                 clock: Callable[[], float] = time.time, env: Mapping[str, str] | None = None,
+                 log_cap: int = DEFAULT_CAP, profile_arg: str | Sequence[str] | None = None,
+                 kill_leftovers: bool = False, heap: QuietCollector | None = None) -> None:
+        """`runs`: one Supervisor (a run on one host) or the runs of a fleet; `profile_arg`:
+        how the user named each run's profile (one per run), for the words on quitting."""
         super().__init__()
         self.heap = heap  # full garbage collections at quiet moments (specconsole's own run)
-        self.sup = sup
-        self.bridge = Bridge(sup)
+        self.runs: list[Run] = [SingleRun(runs)] if isinstance(runs, Supervisor) else list(runs)
+        self.watches: list[Watch] = []
+        for run in self.runs:
+            for member in run.members:
+                window = LogWindow(log_cap)
+                panes = MemberPanes(window, id=f"member-{len(self.watches)}")
+                self.watches.append(Watch(run, member, window, panes))
+        args = [profile_arg] if isinstance(profile_arg, str) else list(profile_arg or ())
+        self.profile_args = args or [run.name for run in self.runs]
+        if len(self.profile_args) != len(self.runs):
+            raise ValueError("one profile argument per run")
+        self.fleet = len(self.watches) > 1
+        self.viewing_fleet = self.fleet  # the fleet is shown (else `current`'s panes are)
+        self.current = self.watches[0]
+        self.row_targets: list[Watch] = []  # the member each fleet row opens, in row order
+        self.fleet_stale = False
         self.launch_allowed = launch
         self.kill_leftovers = kill_leftovers  # --kill-leftovers: without asking, on start
-        self.offered: tuple[GpuHolder, ...] = ()  # leftovers the refusal on screen names
         self.demo = demo
         self.kill_grace = kill_grace
         self.clock = clock
         self.env = os.environ if env is None else env
-        self.window = LogWindow(log_cap)
-        self.profile_arg = profile_arg or sup.profile.key
-        self.shown_pane = "pane-logs"
-        self.narrow = False
-        self.busy = False  # a kill or restart is running
+        self.busy: set[int] = set()  # id() of each run a kill or restart is running on
         self.demo_stopped = False
-        self.idle_text = ""  # why nothing is watched, when nothing is
-        self.last_state: State | None = None
+
+    @property
+    def sup(self) -> Supervisor:
+        """The supervisor of the member whose panes are open (the only one, without a fleet)."""
+        return self.current.sup
+
+    @property
+    def window(self) -> LogWindow:
+        return self.current.window
+
+    def _members_of(self, run: Run) -> list[Watch]:
+        return [w for w in self.watches if w.run is run]
 
     # -- layout ----------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield Static(id="title")
-        yield Banner(id="banner")
-        with Container(id="body"):
-            with Vertical(id="pane-gpus", classes="pane"):
-                yield GpuPane(id="gpus")
-            yield LogPane(self.window, id="pane-logs", classes="pane")
-            with Vertical(id="pane-procs", classes="pane"):
-                yield ProcPane(id="procs")
-            with Vertical(id="pane-timeline", classes="pane"):
-                yield TimelinePane(id="timeline")
-        yield Static(id="tabs")
-        yield Static("connecting…", id="status")
+        if self.fleet:
+            with ContentSwitcher(id="views", initial="fleet"):
+                with Vertical(id="fleet"):
+                    yield Static(id="fleet-title")
+                    yield FleetTable(id="fleet-table")
+                yield from (w.panes for w in self.watches)
+        else:
+            yield self.current.panes
         yield Footer()
 
     def on_mount(self) -> None:
-        for pane_id, title in PANE_TITLES.items():
-            self.query_one(f"#{pane_id}").border_title = title
-        self._title()
+        for w in self.watches:
+            self._title(w)
         self._layout(self.size.width, self.size.height)
-        self.query_one(LogView).focus()
+        if self.fleet:
+            self._draw_fleet()
+            self.query_one(FleetTable).focus()
+            self.set_interval(FLEET_REDRAW_S, self._redraw_fleet)
+        else:
+            self.current.panes.log_view.focus()
         self.set_interval(1.0, self._tick)
         if self.heap is not None:
             self.set_interval(0.25, self._collect_if_quiet)
         self.run_worker(self._supervise(), name="supervise", exit_on_error=False)
 
     async def on_unmount(self) -> None:
-        """However the app ends, stop watching and drop the session (the server stays)."""
-        await self.sup.close()
+        """However the app ends, stop watching and drop the sessions (the servers stay)."""
+        for run in self.runs:
+            await run.close()
 
     async def on_event(self, event: Event) -> None:
         """A key or the mouse: the user is looking, so no full collection for a while."""
@@ -139,147 +187,236 @@ class ConsoleApp(App[str]):
         self._layout(event.size.width, event.size.height)
 
     def _layout(self, width: int, height: int) -> None:
-        self.narrow = width < NARROW_BELOW[0] or height < NARROW_BELOW[1]
-        self.query_one("#body").set_class(self.narrow, "narrow")
-        for pane_id in PANES:
-            self.query_one(f"#{pane_id}").set_class(pane_id == self.shown_pane, "-shown")
-        tabs = self.query_one("#tabs", Static)
-        tabs.display = self.narrow
-        tabs.update("  ".join(f"[reverse] {PANE_TITLES[p]} [/]" if p == self.shown_pane
-                              else f" {PANE_TITLES[p]} " for p in PANES) + "   (tab: next)")
+        for w in self.watches:
+            w.panes.fit(width, height)
 
-    def _title(self) -> None:
-        sup, run = self.sup, self.sup.run
+    def _title(self, w: Watch) -> None:
+        sup, run = w.sup, w.sup.run
         what = f" · run {run.run_id} · pid {run.pid}" if run is not None else ""
+        role = f" · {strip_escapes(w.member.role)}" if len(w.run.members) > 1 else ""
         state = sup.machine.state.value.upper()
-        title = Text.assemble((f" {state} ", "bold reverse"), f" {sup.profile.key}{what}",
+        title = Text.assemble((f" {state} ", "bold reverse"),
+                              f" {strip_escapes(sup.profile.key)}{role}{what}",
                               (" · simulated engine" if self.demo else "", "italic"),
                               (" · specconsole", "dim"), no_wrap=True, overflow="ellipsis")
-        self.query_one("#title", Static).update(title)
+        w.panes.set_title(title)
+        self.fleet_stale = True
 
-    # -- the supervisor --------------------------------------------------------------------
+    # -- the fleet -------------------------------------------------------------------------
+
+    def _fleet_rows(self) -> list[FleetRow]:
+        """A row per run (its worst member's state), then a row per member."""
+        rows: list[FleetRow] = []
+        self.row_targets = []
+        for i, run in enumerate(self.runs):
+            members = self._members_of(run)
+            views = [w.bridge.view() for w in members]
+            hosts = f"{len(members)} host{'s' if len(members) > 1 else ''}"
+            rows.append(FleetRow(f"run-{i}", run.name, hosts, worst(v.state for v in views),
+                                 member=False))
+            self.row_targets.append(members[0])
+            for w, view in zip(members, views, strict=True):
+                alert = w.alert
+                rows.append(FleetRow(
+                    str(w.panes.id), w.member.host, w.member.role, view.state, phase_words(view),
+                    gpu_words(w.bridge.gpus.rows()),
+                    alert_words(alert.kind, alert.title, view) if alert is not None else "",
+                    alert.kind if alert is not None else ""))
+                self.row_targets.append(w)
+        return rows
+
+    def _draw_fleet(self) -> None:
+        self.fleet_stale = False
+        self.query_one(FleetTable).show(self._fleet_rows())
+        states = Counter(w.sup.machine.state for w in self.watches)
+        counts = " · ".join(f"{states[s]} {s.value}" for s in State if states[s])
+        self.query_one("#fleet-title", Static).update(Text.assemble(
+            (" FLEET ", "bold reverse"),
+            f" {len(self.runs)} runs · {len(self.watches)} hosts · {counts}",
+            (" · ↑↓ choose, Enter opens, Esc comes back · specconsole", "dim"),
+            no_wrap=True, overflow="ellipsis"))
+
+    def _redraw_fleet(self) -> None:
+        if self.fleet_stale and self.query(FleetTable):
+            self._draw_fleet()
+
+    def _selected(self) -> Watch:
+        """The member the keys act on: the one open, or the fleet row's under the cursor (a
+        run's row: its first member's)."""
+        if not self.viewing_fleet or not self.row_targets:
+            return self.current
+        row = self.query_one(FleetTable).cursor_row
+        return self.row_targets[min(max(row, 0), len(self.row_targets) - 1)]
+
+    def action_open_member(self) -> None:
+        if self.viewing_fleet:
+            self._open(self._selected())
+
+    @on(DataTable.RowSelected, "#fleet-table")
+    def _clicked(self) -> None:
+        self.action_open_member()
+
+    @on(DataTable.RowHighlighted, "#fleet-table")
+    def _moved(self) -> None:
+        self.refresh_bindings()  # the leftovers key follows the row's run
+
+    def _open(self, w: Watch) -> None:
+        """Show one member's panes (they have been fed all along)."""
+        self.current = w
+        self.viewing_fleet = False
+        self.query_one(ContentSwitcher).current = w.panes.id
+        w.panes.show_pane(w.panes.shown_pane)
+        self.refresh_bindings()
+
+    def action_show_fleet(self) -> None:
+        if not self.fleet or self.viewing_fleet:
+            return
+        self.viewing_fleet = True
+        self.query_one(ContentSwitcher).current = "fleet"
+        self._draw_fleet()
+        table = self.query_one(FleetTable)
+        table.move_cursor(row=next(i for i, r in enumerate(table.rows)
+                                   if r.value == self.current.panes.id))
+        table.focus()
+        self.refresh_bindings()
+
+    # -- the supervisors -------------------------------------------------------------------
 
     async def _supervise(self) -> None:
-        queue = self.sup.subscribe()
-        self.run_worker(self._pump(queue), name="pump", exit_on_error=False)
-        await self._start(launch=self.launch_allowed, kill_leftovers=self.kill_leftovers)
+        for w in self.watches:
+            self.run_worker(self._pump(w, w.sup.subscribe()), name="pump", exit_on_error=False)
+        await asyncio.gather(*(self._start(run, launch=self.launch_allowed,
+                                           kill_leftovers=self.kill_leftovers)
+                               for run in self.runs))
 
-    async def _start(self, *, launch: bool, kill_leftovers: bool) -> None:
+    async def _start(self, run: Run, *, launch: bool, kill_leftovers: bool) -> None:
         """Attach or launch; a failure is on the banner and the status line, never raised."""
+        members = self._members_of(run)
         try:
-            await self.sup.start(launch=launch, kill_leftovers=kill_leftovers,
-                                 grace=self.kill_grace)
+            await run.start(launch=launch, kill_leftovers=kill_leftovers, grace=self.kill_grace)
         except PreflightFailed as exc:
-            self._refused(exc)
+            self._refused(run, exc)
         except SpecconsoleError as exc:
-            self._alert(AlertRaised("error", f"ERROR — {exc}"))
-            self._idle("not watching anything · r to launch, q to quit")
+            for w in members:
+                self._alert(w, AlertRaised("error", f"ERROR — {exc}"))
+                self._idle(w, "not watching anything · r to launch, q to quit")
         except Exception as exc:  # a bug: said on screen, never a traceback over the panes
-            self._alert(AlertRaised("error", f"ERROR — internal: {exc!r}"))
-            self._idle("not watching anything · q to quit")
-        self._title()
+            for w in members:
+                self._alert(w, AlertRaised("error", f"ERROR — internal: {exc!r}"))
+                self._idle(w, "not watching anything · q to quit")
+        for w in members:
+            self._title(w)
 
-    def _refused(self, exc: PreflightFailed) -> None:
+    def _refused(self, run: Run, exc: PreflightFailed) -> None:
         """Preflight's refusal on screen; where leftovers of ended runs hold the GPUs, the key
         that kills exactly them (then launches) is shown with it."""
-        self.offered = self.sup.leftovers()
-        detail = str(exc)
-        if self.offered:
-            pids = ", ".join(str(h.pid) for h in self.offered)
-            detail += (f"\nleftovers of ended runs hold the GPUs (pids {pids}): press K to kill "
-                       "exactly them, then launch")
-            self._idle("preflight refused: leftovers hold the GPUs · K to kill them and "
-                       "launch · q to quit")
-        else:
-            self._idle("preflight refused the launch · fix it, then r to try again")
-        self._alert(AlertRaised("error", "PREFLIGHT REFUSED — nothing was launched", detail))
+        for w in self._members_of(run):
+            w.offered = w.sup.leftovers()
+            detail = str(exc)
+            if w.offered:
+                pids = ", ".join(str(h.pid) for h in w.offered)
+                detail += (f"\nleftovers of ended runs hold the GPUs (pids {pids}): press K to "
+                           "kill exactly them, then launch")
+                self._idle(w, "preflight refused: leftovers hold the GPUs · K to kill them and "
+                              "launch · q to quit")
+            else:
+                self._idle(w, "preflight refused the launch · fix it, then r to try again")
+            self._alert(w, AlertRaised("error", "PREFLIGHT REFUSED — nothing was launched",
+                                       detail))
         self.refresh_bindings()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """The leftovers key is shown only while a refusal that names leftovers is."""
+        """The leftovers key is shown only while a refusal that names leftovers is; the fleet's
+        keys and the panes' keys only where they act."""
         if action == "kill_leftovers":
-            return bool(self.offered)
+            return any(w.offered for w in self._members_of(self._selected().run))
+        if action == "open_member":
+            return self.viewing_fleet
+        if action == "show_fleet":
+            return self.fleet and not self.viewing_fleet
+        if action in PANE_ACTIONS:
+            return not self.viewing_fleet
         return True
 
-    def _idle(self, text: str) -> None:
+    def _idle(self, w: Watch, text: str) -> None:
         """No run to watch: the status line says so (and the clock stops ticking it)."""
-        self.idle_text = text
-        self.query_one("#status", Static).update(text)
+        w.idle_text = text
+        w.panes.set_status(text)
 
-    async def _pump(self, queue: asyncio.Queue[object]) -> None:
+    async def _pump(self, w: Watch, queue: asyncio.Queue[object]) -> None:
         while True:
             batch = [await queue.get()]
             while not queue.empty() and len(batch) < 10_000:
                 batch.append(queue.get_nowait())
             try:
-                for message in self.bridge.translate(batch, self.clock()):
-                    self._route(message)
+                for message in w.bridge.translate(batch, self.clock()):
+                    self._route(w, message)
             except Exception as exc:  # one bad batch must not freeze the console
-                self._alert(AlertRaised("error", f"ERROR — internal: {exc!r}"))
+                self._alert(w, AlertRaised("error", f"ERROR — internal: {exc!r}"))
 
-    def _route(self, message: Message) -> None:
-        if isinstance(message, (LogLines, RootCauseFound)):
-            if self.heap is not None:
-                self.heap.busy()
-            self.query_one(LogPane).post_message(message)
-        elif isinstance(message, ProcsChanged):
-            self.query_one(ProcPane).post_message(message)
-        elif isinstance(message, GpusChanged):
-            self.query_one(GpuPane).post_message(message)
-        elif isinstance(message, (PreflightShown, HistoryShown, SpecDecodeChanged)):
-            self.query_one(TimelinePane).post_message(message)
-        elif isinstance(message, RunChanged):
-            self.query_one(TimelinePane).post_message(message)
-            self._status(message)
-        elif isinstance(message, AlertRaised):
-            self._alert(message)
-        elif isinstance(message, RunReset):
-            self.query_one(LogPane).post_message(message)
-            self.query_one(GpuPane).reset()
-            self.query_one(TimelinePane).reset()
-            self.query_one(Banner).clear()
-            self._title()
-
-    def _status(self, message: RunChanged) -> None:
-        if self.sup.run is None and self.idle_text:
+    def _route(self, w: Watch, message: Message) -> None:
+        if isinstance(message, AlertRaised):
+            self._alert(w, message)
             return
-        self.query_one("#status", Static).update(status_line(message.view, message.now))
-        if message.view.state is not self.last_state:
-            self.last_state = message.view.state
-            self._title()
+        if self.heap is not None and isinstance(message, (LogLines, RootCauseFound)):
+            self.heap.busy()
+        w.panes.route(message)
+        if isinstance(message, RunChanged):
+            self._status(w, message)
+        elif isinstance(message, RunReset):
+            w.alert = None
+            self._title(w)
+        if isinstance(message, (RunChanged, GpusChanged)):
+            self.fleet_stale = True
 
-    def _alert(self, alert: AlertRaised) -> None:
-        self.query_one(Banner).post_message(alert)
+    def _status(self, w: Watch, message: RunChanged) -> None:
+        if w.sup.run is None and w.idle_text:
+            return
+        w.panes.set_status(status_line(message.view, message.now))
+        if message.view.state is not w.last_state:
+            w.last_state = message.view.state
+            self._title(w)
+
+    def _alert(self, w: Watch, alert: AlertRaised) -> None:
+        """On the member's banner and fleet row; a transition also rings the bell and names
+        the tmux window, whichever member is open."""
+        w.panes.route(alert)
+        if alert.kind in FLEET_ALERTS:
+            w.alert = alert
+            self.fleet_stale = True
         mark = WINDOW_MARKS.get(alert.kind)
         if mark is not None and alert.ring:
             self.bell()
-            flash = f"specconsole: {alert.title}" if self.sup.profile.alerts.tmux else None
-            self.run_worker(announce(f"{mark} {self.sup.profile.key}", self.env, flash),
+            flash = f"specconsole: {alert.title}" if w.sup.profile.alerts.tmux else None
+            self.run_worker(announce(f"{mark} {w.sup.profile.key}", self.env, flash),
                             exit_on_error=False)
 
     def _tick(self) -> None:
         if not self.query(TimelinePane):  # the timer can fire while quitting empties the screen
             return
         now = self.clock()
-        message = RunChanged(self.bridge.view(), now)
-        self.query_one(TimelinePane).post_message(message)
-        self._status(message)
+        for w in self.watches:
+            message = RunChanged(w.bridge.view(), now)
+            w.panes.route(message)
+            self._status(w, message)
+        self.fleet_stale = True
 
     # -- scroll-back -----------------------------------------------------------------------
 
     def on_need_older(self, message: NeedOlder) -> None:
-        self.run_worker(self._older(message.before), exit_on_error=False)
+        w = next(w for w in self.watches if w.panes.log_view is message.view)
+        self.run_worker(self._older(w, message.before), exit_on_error=False)
 
-    async def _older(self, before: int) -> None:
-        view = self.query_one(LogView)
+    async def _older(self, w: Watch, before: int) -> None:
+        view = w.panes.log_view
         try:
-            lines = await self.sup.read_log(max(0, before - PAGE_BYTES), before)
+            lines = await w.sup.read_log(max(0, before - PAGE_BYTES), before)
         except (SpecconsoleError, OSError) as exc:
             view.forget_request()  # scrolling up again asks again
             self.notify(f"older lines could not be read: {exc}", severity="warning")
             return
         view.prepend([Entry(e.line, e.rule) for e in lines])
-        self.query_one(LogPane).update_header()
+        w.panes.query_one(LogPane).update_header()
 
     # -- actions ---------------------------------------------------------------------------
 
@@ -290,95 +427,126 @@ class ConsoleApp(App[str]):
         self.push_screen(ConfirmScreen(question, detail), answered)
 
     def action_kill(self) -> None:
-        run = self.sup.run
-        if run is None or self.busy:
-            self.notify("no run to kill" if run is None else "a kill or restart is running")
+        """Kill the selected run: every member, through the run."""
+        run = self._selected().run
+        watched = [w for w in self._members_of(run) if w.sup.run is not None]
+        if not watched or id(run) in self.busy:
+            self.notify("no run to kill" if not watched else "a kill or restart is running")
             return
-        self._confirm(f"Kill run {run.run_id} on {self.sup.profile.host.target}?",
-                      f"TERM the process group (pid {run.pid}), KILL whatever is left after "
-                      f"{self.kill_grace:g}s, sweep every process carrying the run id, then "
-                      "check that none remains and that GPU memory was released.", self._kill)
+        then = (f"KILL whatever is left after {self.kill_grace:g}s, sweep every process carrying "
+                "the run id, then check that none remains and that GPU memory was released.")
+        if len(watched) == 1:
+            w = watched[0]
+            assert w.sup.run is not None
+            self._confirm(f"Kill run {w.sup.run.run_id} on {w.member.host}?",
+                          f"TERM the process group (pid {w.sup.run.pid}), {then}",
+                          lambda: self._kill(run))
+            return
+        hosts = "; ".join(f"{w.member.host}: run {w.sup.run.run_id} (pid {w.sup.run.pid})"
+                          for w in watched if w.sup.run is not None)
+        self._confirm(f"Kill {run.name} on {len(watched)} hosts?",
+                      f"{hosts}. On each: TERM the process group, {then}",
+                      lambda: self._kill(run))
 
-    async def _kill(self) -> None:
-        self.busy = True
+    async def _kill(self, run: Run) -> None:
+        self.busy.add(id(run))
         try:
-            await self.sup.kill(self.kill_grace)
+            await run.kill(self.kill_grace)
         except SpecconsoleError as exc:
-            self._alert(AlertRaised("error", f"KILL FAILED — {exc}"))
+            for w in self._members_of(run):
+                self._alert(w, AlertRaised("error", f"KILL FAILED — {exc}"))
         finally:
-            self.busy = False
-            self._title()
+            self.busy.discard(id(run))
+            for w in self._members_of(run):
+                self._title(w)
 
     def action_restart(self) -> None:
-        if self.busy:
+        """Restart the selected run: every member, through the run."""
+        selected = self._selected()
+        run = selected.run
+        if id(run) in self.busy:
             self.notify("a kill or restart is running")
             return
-        run = self.sup.run
-        what = f"run {run.run_id}" if run is not None else "nothing running"
-        self._confirm(f"Restart {self.sup.profile.key}? ({what})",
+        what = ", ".join(f"run {w.sup.run.run_id}" for w in self._members_of(run)
+                         if w.sup.run is not None) or "nothing running"
+        name = selected.sup.profile.key if len(run.members) == 1 else run.name
+        self._confirm(f"Restart {name}? ({what})",
                       "Kill the run (TERM, KILL after the grace, sweep, verify), then run "
-                      "preflight and launch a new run with a fresh timeline.", self._restart)
+                      "preflight and launch a new run with a fresh timeline.",
+                      lambda: self._restart(run))
 
-    async def _restart(self) -> None:
-        self.busy = True
+    async def _restart(self, run: Run) -> None:
+        self.busy.add(id(run))
         try:
-            await self.sup.restart(self.kill_grace)
+            await run.restart(self.kill_grace)
         except PreflightFailed as exc:
-            self._refused(exc)
+            self._refused(run, exc)
         except SpecconsoleError as exc:
-            self._alert(AlertRaised("error", f"RESTART FAILED — {exc}"))
+            for w in self._members_of(run):
+                self._alert(w, AlertRaised("error", f"RESTART FAILED — {exc}"))
         finally:
-            self.busy = False
-            self._title()
+            self.busy.discard(id(run))
+            for w in self._members_of(run):
+                self._title(w)
 
     def action_kill_leftovers(self) -> None:
-        if not self.offered or self.busy:
-            self.notify("a kill or restart is running" if self.busy else
+        run = self._selected().run
+        offers = [(w, w.offered) for w in self._members_of(run) if w.offered]
+        if not offers or id(run) in self.busy:
+            self.notify("a kill or restart is running" if offers else
                         "no leftovers to kill: preflight named none")
             return
-        holders = self.offered
+        count = sum(len(holders) for _, holders in offers)
         named = "; ".join(f"pid {h.pid} ({h.name}, run {h.run_id}) on GPU {h.gpu}"
-                          for h in holders)
-        self._confirm(f"Kill {len(holders)} leftover process(es) on "
-                      f"{self.sup.profile.host.target}, then launch?",
+                          + (f" of {w.member.host}" if len(offers) > 1 else "")
+                          for w, holders in offers for h in holders)
+        hosts = ", ".join(w.member.host for w, _ in offers)
+        self._confirm(f"Kill {count} leftover process(es) on {hosts}, then launch?",
                       f"{named}. Each is signalled only if it is still the process preflight "
                       f"saw and still holds GPU memory: TERM, KILL after {self.kill_grace:g}s, "
                       "then check it is gone and its GPU memory released; then preflight and "
-                      "launch.", lambda: self._kill_leftovers(holders))
+                      "launch.", lambda: self._kill_leftovers(run, offers))
 
-    async def _kill_leftovers(self, holders: tuple[GpuHolder, ...]) -> None:
-        self.busy = True
-        self.offered = ()
+    async def _kill_leftovers(self, run: Run,
+                              offers: list[tuple[Watch, tuple[GpuHolder, ...]]]) -> None:
+        self.busy.add(id(run))
+        for w, holders in offers:
+            w.offered = ()
+            self._alert(w, AlertRaised("killing", "KILLING LEFTOVERS — pids "
+                                       + ", ".join(str(h.pid) for h in holders)))
         self.refresh_bindings()
-        self._alert(AlertRaised("killing", "KILLING LEFTOVERS — pids "
-                                + ", ".join(str(h.pid) for h in holders)))
         try:
-            await self.sup.kill_leftovers(holders, self.kill_grace)
+            for w, holders in offers:
+                await w.sup.kill_leftovers(holders, self.kill_grace)
         except PreflightFailed as exc:
-            self._refused(exc)
+            self._refused(run, exc)
             return
         except SpecconsoleError as exc:
-            self._alert(AlertRaised("error", f"KILL FAILED — {exc}"))
+            for w, _ in offers:
+                self._alert(w, AlertRaised("error", f"KILL FAILED — {exc}"))
             return
         finally:
-            self.busy = False
-        await self._start(launch=True, kill_leftovers=False)
+            self.busy.discard(id(run))
+        await self._start(run, launch=True, kill_leftovers=False)
+
+    def _log_pane(self) -> LogPane:
+        return self.current.panes.query_one(LogPane)
 
     def action_toggle_raw(self) -> None:
-        self.query_one(LogPane).toggle_raw()
+        self._log_pane().toggle_raw()
 
     def action_search(self) -> None:
-        self._show_pane("pane-logs")
-        self.query_one(LogPane).open_search()
+        self.current.panes.show_pane("pane-logs")
+        self._log_pane().open_search()
 
     def action_next_match(self) -> None:
-        self.query_one(LogPane).step(+1)
+        self._log_pane().step(+1)
 
     def action_prev_match(self) -> None:
-        self.query_one(LogPane).step(-1)
+        self._log_pane().step(-1)
 
     def action_toggle_follow(self) -> None:
-        self.query_one(LogPane).toggle_follow()
+        self._log_pane().toggle_follow()
 
     def action_next_pane(self) -> None:
         self._cycle(+1)
@@ -389,17 +557,7 @@ class ConsoleApp(App[str]):
     def _cycle(self, direction: int) -> None:
         if len(self.screen_stack) > 1:  # a confirmation or help is open: tab is theirs
             return
-        current = next((p for p in PANES if self.focused is not None
-                        and self.query_one(f"#{p}") in self.focused.ancestors_with_self),
-                       self.shown_pane)
-        self._show_pane(PANES[(PANES.index(current) + direction) % len(PANES)])
-
-    def _show_pane(self, pane_id: str) -> None:
-        self.shown_pane = pane_id
-        self._layout(self.size.width, self.size.height)
-        pane = self.query_one(f"#{pane_id}")
-        target = pane.query_one(LogView) if pane_id == "pane-logs" else pane.children[0]
-        target.focus()
+        self.current.panes.cycle(self.focused, direction)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
@@ -412,25 +570,43 @@ class ConsoleApp(App[str]):
             self.notify("a kill or restart is running: quit once it has ended",
                         severity="warning")
             return
-        run, host = self.sup.run, self.sup.profile.host.target
-        if self.demo and run is not None:
+        watched = [w for w in self.watches if w.sup.run is not None]
+        if self.demo and watched:
             message = "demo: stopped the simulated server; nothing is left running"
-            self._alert(AlertRaised("info", "stopping the simulated server before quitting"))
-            await self._kill()
-            self.demo_stopped = self.sup.machine.state is State.STOPPED
-        elif run is not None and self.sup.machine.state.live:
-            message = (f"the server keeps running: run {run.run_id} on {host} (pid {run.pid}); "
-                       f"reattach with `specconsole {self.profile_arg}`, stop it with "
-                       f"`specconsole kill {self.profile_arg}`")
-            self._alert(AlertRaised("info", "quitting — " + message))
-            await asyncio.sleep(0.3)  # long enough to read that it stays up
+            for w in watched:
+                self._alert(w, AlertRaised("info", "stopping the simulated server before "
+                                                   "quitting"))
+            for run in dict.fromkeys(w.run for w in watched):
+                await self._kill(run)
+            self.demo_stopped = all(w.sup.machine.state is State.STOPPED for w in watched)
         else:
-            message = "nothing of this profile is running"
-        await self.sup.close()
+            message = self._farewell()
+            if any(w.sup.machine.state.live for w in watched):
+                await asyncio.sleep(0.3)  # long enough to read that it stays up
+        for run in self.runs:
+            await run.close()
         restore = restore_command(self.env)
         if restore is not None:
             await run_quietly(restore, self.env)
         self.exit(message)
+
+    def _farewell(self) -> str:
+        """A line per server left running (each banner says its own), or that none is."""
+        lines = []
+        for run, arg in zip(self.runs, self.profile_args, strict=True):
+            prefix = f"{run.name}: " if len(self.runs) > 1 else ""
+            live = [w for w in self._members_of(run)
+                    if w.sup.run is not None and w.sup.machine.state.live]
+            for w in live:
+                assert w.sup.run is not None
+                text = (f"the server keeps running: run {w.sup.run.run_id} on {w.member.host} "
+                        f"(pid {w.sup.run.pid}); reattach with `specconsole {arg}`, stop it "
+                        f"with `specconsole kill {arg}`")
+                self._alert(w, AlertRaised("info", "quitting — " + text))
+                lines.append(prefix + text)
+            if not live:
+                lines.append(f"{prefix}nothing of this profile is running")
+        return "\n".join(lines)
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)

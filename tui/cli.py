@@ -15,17 +15,30 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from tui.cluster_cli import check_cluster, kill_cluster, launch_cluster, wait_cluster
+from tui.core.cluster import is_cluster, member_profile
 from tui.core.command import redact
 from tui.core.describe import death_lines, describe, duration, gpu_verdict
 from tui.core.errors import PreflightFailed, RunNotFound, SpecconsoleError
 from tui.core.explain import explain
 from tui.core.logline import strip_escapes
 from tui.core.phases import Phase
-from tui.core.profile import Profile, load_profile, parse_duration
+from tui.core.profile import ENGINES, Profile, load_profile, parse_duration
 from tui.core.state import Died, LineAdded, ProgressChanged, Ready, Stalled, State
+from tui.exit_codes import (
+    EXIT_DEAD,
+    EXIT_ERROR,
+    EXIT_PREFLIGHT,
+    EXIT_READY,
+    EXIT_STALLED,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+)
+from tui.group import ClusterRun, run_of
 from tui.heap import QuietCollector, settle_heap
 from tui.history import History, diff
-from tui.remote import launcher
+from tui.runlist import run_state, status_lines
+from tui.runs import Run
 from tui.supervisor import (
     CAUSE_GRACE_S,
     Fatal,
@@ -35,15 +48,6 @@ from tui.supervisor import (
     RunStarted,
     Supervisor,
 )
-
-EXIT_READY = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_DEAD = 3
-EXIT_TIMEOUT = 4
-EXIT_STALLED = 5
-EXIT_PREFLIGHT = 6
-
 
 
 def _err(message: str) -> None:
@@ -168,7 +172,14 @@ def _link_text(event: LinkLost | LinkRestored | Notice) -> str:
 
 
 async def cmd_wait(args: argparse.Namespace) -> int:
-    sup = Supervisor(_profile(args.profile), history=History())
+    profile = _profile(args.profile)
+    if is_cluster(profile):
+        group = ClusterRun(profile, history=History())
+        try:
+            return await wait_cluster(group, args, _Printer(args.json).say)
+        finally:
+            await group.close()
+    sup = Supervisor(profile, history=History())
     try:
         return await _wait(sup, args, _Printer(args.json))
     except PreflightFailed as exc:
@@ -178,7 +189,14 @@ async def cmd_wait(args: argparse.Namespace) -> int:
 
 
 async def cmd_launch(args: argparse.Namespace) -> int:
-    sup = Supervisor(_profile(args.profile), history=History())
+    profile = _profile(args.profile)
+    if is_cluster(profile):
+        group = ClusterRun(profile, history=History())
+        try:
+            return await launch_cluster(group, args)
+        finally:
+            await group.close()
+    sup = Supervisor(profile, history=History())
     events = sup.subscribe()
     try:
         run = await sup.launch(skip_preflight=args.skip_preflight,
@@ -197,50 +215,38 @@ async def cmd_launch(args: argparse.Namespace) -> int:
 # -- status, kill, logs, check -----------------------------------------------------------------
 
 async def cmd_status(args: argparse.Namespace) -> int:
-    paths = ([args.profile] if args.profile
-             else sorted(str(p) for p in Path("profiles").glob("*.toml")))
+    """A line per run and per host: of the profile named (its newest runs), else of every
+    profile in the profile directories (their live runs and the newest one)."""
+    paths = [Path(args.profile)] if args.profile else list_profiles()
     if not paths:
-        _err("no profile given and none in ./profiles")
+        _err("no profile given and none in ./profiles or ~/.config/specconsole/profiles")
         return EXIT_USAGE
     code = 0
+    runs = []
     for path in paths:
         try:
-            sup = Supervisor(_profile(path))
+            runs.append(run_of(_profile(str(path))))
         except SpecconsoleError as exc:  # a bad profile: bad input (2), like every command
             _err(str(exc))
             code = EXIT_USAGE
-            continue
-        try:
-            runs = await launcher.list_runs(await sup.connect(), sup.profile)
-        except SpecconsoleError as exc:
-            print(f"{sup.profile.key}: {exc}")
-            code = EXIT_ERROR
-            continue
-        finally:
-            await sup.close()
-        if not runs:
-            print(f"{sup.profile.key}: no runs")
-        for run in runs[: 1 if not args.profile else 10]:
-            print(f"{sup.profile.key}: {run.run_id} {_run_state(run.alive, run.exit)} "
-                  f"pid {run.pid} {run.run_dir}")
-    return code
-
-
-def _run_state(alive: bool, exit_info: dict[str, Any] | None) -> str:
-    if alive:
-        return "alive"
-    if exit_info:
-        if exit_info.get("signal") is not None:
-            return f"exited (signal {exit_info['signal']})"
-        return f"exited (code {exit_info.get('code')})"
-    return "gone"
+    lines, reached = await status_lines(runs, every=bool(args.profile))
+    for line in lines:
+        print(line)
+    return code or (0 if reached else EXIT_ERROR)
 
 
 async def cmd_kill(args: argparse.Namespace) -> int:
-    sup = Supervisor(_profile(args.profile))
+    profile = _profile(args.profile)
+    if is_cluster(profile):
+        group = ClusterRun(profile)
+        try:
+            return await kill_cluster(group, args.grace)
+        finally:
+            await group.close()
+    sup = Supervisor(profile)
     try:
         record = await sup.select()
-        state = "" if record.alive else f" (already ended: {_run_state(False, record.exit)};" \
+        state = "" if record.alive else f" (already ended: {run_state(False, record.exit)};" \
             " sweeping for leftovers)"
         print(f"killing run {record.run_id}{state}: TERM, KILL after {args.grace:g}s, "
               "then sweep by run id")
@@ -259,8 +265,12 @@ async def cmd_kill(args: argparse.Namespace) -> int:
 
 async def cmd_logs(args: argparse.Namespace) -> int:
     """The run's log through the agent (which knows the secrets to redact, even when this
-    shell does not): up to its size when asked, or followed."""
-    sup = Supervisor(_profile(args.profile))
+    shell does not): up to its size when asked, or followed. A multi-host profile's log is
+    one member's (--member, the server's by default)."""
+    profile = _profile(args.profile)
+    if is_cluster(profile):
+        profile = member_profile(profile, args.member)
+    sup = Supervisor(profile)
     events = sup.subscribe()
     try:
         record = await sup.select()
@@ -295,7 +305,14 @@ def _print_line(text: str, rule: Any, raw: bool, secrets: Sequence[str]) -> None
 
 
 async def cmd_check(args: argparse.Namespace) -> int:
-    sup = Supervisor(_profile(args.profile))
+    profile = _profile(args.profile)
+    if is_cluster(profile):
+        group = ClusterRun(profile)
+        try:
+            return await check_cluster(group)
+        finally:
+            await group.close()
+    sup = Supervisor(profile)
     try:
         try:
             checks = await sup.run_preflight()
@@ -386,7 +403,7 @@ async def cmd_demo_headless(args: argparse.Namespace) -> int:
     """The demo as `wait` prints it: for scripts, CI and terminals without a screen."""
     from tui.sim.demo import demo_profile
 
-    profile = demo_profile(args.scenario, args.time_scale)
+    profile = demo_profile(args.scenario, args.time_scale, args.engine)
     sup = Supervisor(profile, history=History())
     out = _Printer(False)
     try:
@@ -408,46 +425,54 @@ def cmd_demo(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
         return cmd_demo_headless(args)
     from tui.sim.demo import demo_profile
 
-    profile = demo_profile(args.scenario, args.time_scale)
-    return _run_console(Supervisor(profile, history=History()), launch=True, demo=True,
-                        kill_grace=2.0,
-                        profile_arg=f"demo --scenario {args.scenario}")
+    profile = demo_profile(args.scenario, args.time_scale, args.engine)
+    return _run_console([run_of(profile, history=History())], launch=True, demo=True,
+                        kill_grace=2.0, profile_args=[
+                            f"demo --engine {args.engine} --scenario {args.scenario}"])
 
 
 # -- the console -----------------------------------------------------------------------------
 
 def cmd_console(args: argparse.Namespace) -> int:
-    """`specconsole PROFILE`: attach to its live run or preflight and launch; no profile:
-    pick one from the profile directories."""
-    name = args.profile
-    if name is None:
+    """`specconsole PROFILE`: attach to its live run or preflight and launch; several
+    profiles: the same for each, in the fleet view; no profile: pick one from the profile
+    directories."""
+    names: list[str] = args.profile
+    if not names:
         from tui.screens.picker import PickerApp
 
         chosen = PickerApp(list_profiles()).run()
         if chosen is None:
             return 0
-        name = str(chosen)
-    return _run_console(Supervisor(_profile(name), history=History()),
-                        launch=not args.no_launch, kill_leftovers=args.kill_leftovers,
-                        profile_arg=name)
+        names = [str(chosen)]
+    history = History()
+    runs = [run_of(_profile(name), history=history) for name in names]
+    keys = [m.sup.profile.key for run in runs for m in run.members]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        _err(f"{', '.join(twice)} named twice: one console watches a run once")
+        return EXIT_USAGE
+    return _run_console(runs, launch=not args.no_launch, kill_leftovers=args.kill_leftovers,
+                        profile_args=names)
 
 
-def _run_console(sup: Supervisor, *, launch: bool, profile_arg: str, demo: bool = False,
+def _run_console(runs: list[Run], *, launch: bool, profile_args: list[str], demo: bool = False,
                  kill_grace: float = 10.0, kill_leftovers: bool = False) -> int:
     from tui.app import ConsoleApp
 
     heap = QuietCollector()
-    app = ConsoleApp(sup, launch=launch, demo=demo, kill_grace=kill_grace,
-                     profile_arg=profile_arg, kill_leftovers=kill_leftovers, heap=heap)
+    app = ConsoleApp(runs, launch=launch, demo=demo, kill_grace=kill_grace,
+                     profile_arg=profile_args, kill_leftovers=kill_leftovers, heap=heap)
     settle_heap()
     try:
         with heap:  # full collections at quiet moments while the console runs
             message = app.run()
     finally:
-        if demo and sup.run is not None and not app.demo_stopped:
-            asyncio.run(_stop_demo(sup.profile))  # the demo leaves nothing running, even on ^C
-    if message:
-        print(f"specconsole: {strip_escapes(message)}")
+        if demo and not app.demo_stopped:  # the demo leaves nothing running, even on ^C
+            for member in (m for run in runs for m in run.members if m.sup.run is not None):
+                asyncio.run(_stop_demo(member.sup.profile))
+    for line in (message or "").splitlines():
+        print(f"specconsole: {strip_escapes(line)}")
     return app.return_code or 0
 
 
@@ -536,8 +561,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--kill-leftovers", action="store_true",
                     help="when leftovers of ended runs hold the GPUs, kill exactly them first")
 
-    sp = add("status", "the runs of a profile (or of every profile in ./profiles)",
-             cmd_status)
+    sp = add("status", "a line per run and per host: of a profile, or of every profile in "
+             "./profiles and ~/.config/specconsole/profiles", cmd_status)
     sp.add_argument("profile", nargs="?")
 
     sp = add("kill", "TERM the run, KILL after the grace, sweep by run id",
@@ -550,6 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("profile")
     sp.add_argument("--raw", action="store_true")
     sp.add_argument("--follow", action="store_true")
+    sp.add_argument("--member", default="server",
+                    help="several hosts: whose log (server, ray-head, ray-node-1, node-1, ...)")
 
     sp = add("check", "run the profile's preflight checks only", cmd_check)
     sp.add_argument("profile")
@@ -557,7 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("explain", "post-mortem of a saved log: outcome, phase, root cause",
              cmd_explain)
     sp.add_argument("logfile")
-    sp.add_argument("--engine", default="vllm", choices=["vllm"])
+    sp.add_argument("--engine", default="vllm", choices=ENGINES)
     sp.add_argument("--json", action="store_true")
 
     sp = add("history", "past launches and how they ended; --diff A B: what changed",
@@ -570,12 +597,15 @@ def build_parser() -> argparse.ArgumentParser:
              cmd_demo)
     sp.add_argument("--scenario", default="ready",
                     choices=["ready", "syntax-error", "oom", "hang", "engine-killed"])
+    sp.add_argument("--engine", default="vllm", choices=ENGINES,
+                    help="the server the simulated engine plays")
     sp.add_argument("--time-scale", type=float, default=75.0)
     sp.add_argument("--headless", action="store_true",
                     help="print the story line by line instead of opening the console")
 
-    sp = add("console", "open the console on a profile (the default command)", cmd_console)
-    sp.add_argument("profile", nargs="?")
+    sp = add("console", "open the console on a profile, or the fleet view on several (the "
+             "default command)", cmd_console)
+    sp.add_argument("profile", nargs="*")
     sp.add_argument("--no-launch", action="store_true",
                     help="attach to the newest run only; never launch")
     sp.add_argument("--kill-leftovers", action="store_true",

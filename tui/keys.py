@@ -22,10 +22,18 @@ KEYS: tuple[Key, ...] = (  # the footer shows them in this order: the vital ones
     Key("quit", "q", "quit_console", "Quit",
         "Leave the console; the server keeps running (the demo stops its own)"),
     Key("help", "question_mark", "help", "Help", "These keys", display="?"),
+    Key("open", "enter", "open_member", "Open",
+        "Fleet: open the selected host's panes (GPUs, processes, logs, timeline, banner)",
+        display="⏎"),
+    Key("fleet", "escape", "show_fleet", "Fleet",
+        "Back to the fleet: a row per run and per host (with several runs or hosts)",
+        display="Esc"),
     Key("kill", "k", "kill", "Kill",
-        "TERM the run's process group, KILL after the grace, sweep by run id, verify"),
+        "TERM the run's process group, KILL after the grace, sweep by run id, verify (in the "
+        "fleet: the selected run, on every one of its hosts)"),
     Key("restart", "r", "restart", "Restart",
-        "Kill this run (after you confirm), check nothing is left, launch a new run"),
+        "Kill this run (after you confirm), check nothing is left, launch a new run (in the "
+        "fleet: the selected run)"),
     Key("kill-leftovers", "K", "kill_leftovers", "Kill leftovers",
         "Shown when preflight refused because leftovers of ended runs hold the GPUs: kill "
         "exactly those (after you confirm), check they are gone, then launch", display="K"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import sqlite3
 import time
@@ -204,8 +205,12 @@ class Supervisor:
     def __init__(self, profile: Profile, *, environ: Mapping[str, str] | None = None,
                  opener: SessionOpener = open_session,
                  clock: Callable[[], float] = time.time,
-                 history: History | None = None) -> None:
+                 history: History | None = None, serves: bool = True) -> None:
         self.profile = profile
+        # False: one host's part of a multi-host run (tui.group): no health, smoke or stall of
+        # its own; the server's member answers for the run
+        self.serves = serves
+        self.hook_allowed: Callable[[str], bool] = lambda event: True  # the group's say
         self.history = history
         self.usual: dict[str, float] = {}
         self.metrics_interval = METRICS_S
@@ -230,7 +235,8 @@ class Supervisor:
     def _new_machine(self) -> LaunchMachine:
         exp = self.profile.expect
         return LaunchMachine(engine=self.profile.server.engine, noise=noise_for(self.profile),
-                             stall_timeout_s=exp.stall_timeout, expected_load_s=exp.load_time)
+                             stall_timeout_s=exp.stall_timeout if self.serves else math.inf,
+                             expected_load_s=exp.load_time)
 
     # -- events ------------------------------------------------------------------------------
 
@@ -238,6 +244,10 @@ class Supervisor:
         queue: asyncio.Queue[SupervisorEvent] = asyncio.Queue()
         self._queues.append(queue)
         return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[SupervisorEvent]) -> None:
+        with contextlib.suppress(ValueError):
+            self._queues.remove(queue)
 
     def _emit(self, events: list[Any] | tuple[Any, ...]) -> None:
         for event in events:
@@ -301,7 +311,7 @@ class Supervisor:
 
     def _hook(self, event: str, **fields: object) -> None:
         command = getattr(self.profile.alerts, f"on_{event}")
-        if command is None or self.run is None:
+        if command is None or self.run is None or not self.hook_allowed(event):
             return
         env = hook_env(self.environ, event, {
             "profile": self.profile.key, "host": self.profile.host.target,
@@ -515,14 +525,16 @@ class Supervisor:
 
     def _watch_spec(self) -> dict[str, Any]:
         assert self.run is not None
-        return {"run_dir": self.run.run_dir, "log_offset": self.log_end,
-                "redact": list(self.secrets), "secret_env": list(self.profile.server.secret_env),
-                "procs_interval": 1.0, "gpus_interval": 1.0,
-                "log_interval": 0.05,
-                "health": {"port": self.profile.server.port,
-                           "paths": ["/health", "/v1/models"], "interval": 1.0},
-                "metrics": {"path": "/metrics", "prefix": "vllm:spec_decode_",
-                            "interval": self.metrics_interval}}
+        spec: dict[str, Any] = {
+            "run_dir": self.run.run_dir, "log_offset": self.log_end,
+            "redact": list(self.secrets), "secret_env": list(self.profile.server.secret_env),
+            "procs_interval": 1.0, "gpus_interval": 1.0, "log_interval": 0.05}
+        if self.serves:
+            spec["health"] = {"port": self.profile.server.port,
+                              "paths": ["/health", "/v1/models"], "interval": 1.0}
+            spec["metrics"] = {"path": "/metrics", "prefix": "vllm:spec_decode_",
+                               "interval": self.metrics_interval}
+        return spec
 
     async def _watch_loop(self) -> None:
         """Stream the agent; a lost link is retried with capped backoff from the last byte
@@ -667,11 +679,15 @@ class Supervisor:
             raise SpecconsoleError(
                 "not relaunching: processes of the run are still alive after the kill "
                 f"(pids {', '.join(map(str, killed.remaining))})")
+        self.reset()
+        return await self.launch(skip_preflight)
+
+    def reset(self) -> None:
+        """Stop watching the killed run and start a fresh machine for the next launch."""
         for task in self._tasks:
             task.cancel()
         self._tasks = []
         self.machine = self._new_machine()
-        return await self.launch(skip_preflight)
 
 
 def smoke_result(reply: HttpReply, kind: str) -> SmokeDone:

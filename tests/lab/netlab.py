@@ -102,6 +102,10 @@ class Lab:
         """Where the host's sshd is reached: gpu-a from here, gpu-b from gpu-a."""
         return {"gpu-a": f"{self.net}.1.2", "gpu-b": f"{self.net}.12.2"}[self._check(host)]
 
+    def peer_address(self, host: str) -> str:
+        """Where the other lab host reaches this one (their shared link): a cluster's address."""
+        return {"gpu-a": f"{self.net}.12.1", "gpu-b": f"{self.net}.12.2"}[self._check(host)]
+
     def _check(self, host: str) -> str:
         if host not in HOSTS:
             raise ValueError(f"lab host must be one of {HOSTS}, not {host!r}")

@@ -17,7 +17,7 @@ from datetime import datetime
 from secrets import token_hex
 
 from tui.core.errors import ProfileError
-from tui.core.profile import Profile
+from tui.core.profile import Profile, SimulateConfig
 
 REDACTED = "«redacted»"
 
@@ -47,26 +47,61 @@ def speculative_config_json(profile: Profile) -> str | None:
     return json.dumps({k: v for k, v in config.items() if v is not None} | spec.extra)
 
 
-def build_server_argv(profile: Profile, python: str) -> list[str]:
-    """The server's argv: the simulated engine, the raw `command`, or `vllm serve MODEL ...`.
+def sglang_speculative_args(profile: Profile) -> list[str]:
+    """SGLang's speculative flags: algorithm, drafter, its own knobs, then pass-through keys,
+    each key `k` as `--speculative-k` (the profile refuses what SGLang would not take)."""
+    spec = profile.server.speculative
+    if spec is None:
+        return []
+    flags = {"algorithm": spec.method.upper(), "draft_model_path": spec.model,
+             "num_steps": spec.num_steps, "eagle_topk": spec.eagle_topk,
+             "num_draft_tokens": spec.num_draft_tokens} | spec.extra
+    return [word for key, value in flags.items() if value is not None
+            for word in (f"--speculative-{key.replace('_', '-')}", str(value))]
 
-    `python` runs the simulated engine (the host's interpreter, with tui importable).
+
+def build_server_argv(profile: Profile, python: str) -> list[str]:
+    """The server's argv: the raw `command`, the simulated engine, `vllm serve MODEL ...` or
+    `<python> -m sglang.launch_server --model-path MODEL ...`.
+
+    `python` is the host's interpreter: it runs the simulated engine (with tui importable) and
+    SGLang, which has no command of its own.
     """
     server = profile.server
+    if server.command is not None:
+        return list(server.command)
+    if server.engine == "sglang":
+        return _sglang_argv(profile, python)
     spec = speculative_config_json(profile)
     spec_args = ["--speculative-config", spec] if spec is not None else []
     sized = ["--port", str(server.port), "--tensor-parallel-size", str(server.tensor_parallel_size)]
     sim = profile.simulate
     if sim is not None:
-        argv = [python, "-m", "tui.sim.engine", "serve", str(server.model), *sized, *spec_args,
-                *server.args, "--sim-scenario", sim.scenario,
-                "--sim-time-scale", str(sim.time_scale), "--sim-gpus", str(sim.gpus)]
-        return argv + (["--sim-gpu-state", sim.gpu_state] if sim.gpu_state else [])
-    if server.command is not None:
-        return list(server.command)
-    return [*server.executable, str(server.model), "--port", str(server.port),
-            "--host", server.listen,
+        return [python, "-m", "tui.sim.engine", "serve", str(server.model), *sized, *spec_args,
+                *server.args, *_sim_args(sim)]
+    return [*(server.executable or ("vllm", "serve")), str(server.model), "--port",
+            str(server.port), "--host", server.listen,
             "--tensor-parallel-size", str(server.tensor_parallel_size), *spec_args, *server.args]
+
+
+def _sglang_argv(profile: Profile, python: str) -> list[str]:
+    """SGLang's launcher, or the simulated engine in its SGLang mode with the same arguments
+    (`--sim-engine` first, so a truncated command line still says which engine it plays)."""
+    server = profile.server
+    args = ["--model-path", str(server.model), "--host", server.listen, "--port",
+            str(server.port), "--tp-size", str(server.tensor_parallel_size),
+            *sglang_speculative_args(profile), *server.args]
+    sim = profile.simulate
+    if sim is None:
+        return [*(server.executable or (python, "-m", "sglang.launch_server")), *args]
+    return [python, "-m", "tui.sim.engine", "--sim-engine", "sglang", *args, *_sim_args(sim)]
+
+
+def _sim_args(sim: SimulateConfig) -> list[str]:
+    """The simulated engine's own options: scenario, time scale, fake GPUs."""
+    argv = ["--sim-scenario", sim.scenario, "--sim-time-scale", str(sim.time_scale),
+            "--sim-gpus", str(sim.gpus)]
+    return argv + (["--sim-gpu-state", sim.gpu_state] if sim.gpu_state else [])
 
 
 def resolve_secrets(profile: Profile, environ: Mapping[str, str]) -> dict[str, str]:

@@ -48,7 +48,7 @@ def explain(lines: Iterable[str], engine: str = "vllm",
             extra_rules: Iterable[NoiseRule] = ()) -> Explanation:
     """Read a whole log. Offsets are byte offsets, as in the run's server.log."""
     noise = NoiseFilter([*extra_rules, *builtin_rules(engine)])
-    tracker = RootCauseTracker(noise)
+    tracker = RootCauseTracker(noise, engine)
     last_phase: Phase | None = None
     ready_at = progress_at = heartbeat_at = -1
     offset = 0

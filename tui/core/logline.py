@@ -151,6 +151,10 @@ _HEADER_RE = re.compile(
     r"(?: \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? (?:\[?[\w./-]+:\d+\] ?)?|:\s+)"
 )
 _LEVEL_INITIALS = frozenset("DIWEC")
+# SGLang: `[2025-08-04 10:10:06 TP3] `, `[... DP0 TP3 EP3] `: the rank tag of a scheduler
+# process (titled `sglang::scheduler_TP3`). Without a tag (TP=1, the launcher) the stamp is
+# peeled like any timestamp wrapper.
+_SGLANG_TAG_RE = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?((?: [A-Z]{2,}\d+)+)\] ?")
 _PREFIX_COLOUR, _PREFIX_RESET = "\x1b[1;36m(", "\x1b[0;0m"  # 7 + "(", and 6 characters
 
 
@@ -214,6 +218,11 @@ def _prefix_at(s: str, pos: int) -> tuple[str, int | None, int] | None:
     return None if hit is None else (hit[0], hit[1], j + 2)  # type: ignore[index]
 
 
+def _sglang_process(tag: str) -> str:
+    """The scheduler a rank tag names, as its title does: " DP0 TP3" -> "scheduler_DP0_TP3"."""
+    return "scheduler" + tag.replace(" ", "_")
+
+
 def _pid(text: str | None) -> int | None:
     return int(text) if text is not None else None
 
@@ -256,6 +265,9 @@ def parse_line(raw: str, offset: int = -1) -> LogLine:
     if hit is not None and body[j + 2:j + 3] != "(":  # the common case: one known prefix
         proc, pid = hit
         body = body[j + 2:]
+    elif body[:1] == "[" and (tag := _SGLANG_TAG_RE.match(body)) is not None:
+        proc = _sglang_process(tag.group(1))
+        body = body[tag.end():]
     elif body[:1] == "(" or " pid=" in body[:100]:
         proc, pid, pos = _prefixes(body)
         if pos:

@@ -1,4 +1,5 @@
-"""When a log line was written, from vLLM's own `MM-DD HH:MM:SS` stamp.
+"""When a log line was written, from vLLM's own `MM-DD HH:MM:SS` stamp (or SGLang's
+`[YYYY-MM-DD HH:MM:SS`, whose year is ignored: both are read the same way).
 
 A console that attaches to a run long after launch reads the whole log at once; stamping each
 phase with the moment it was *read* would make every duration zero. The stamp is the host's
@@ -13,7 +14,8 @@ import re
 import time
 from datetime import datetime
 
-_STAMP = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)\b")
+_STAMP = re.compile(r"(?:\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) |\[\d{4}-)"
+                    r"(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)\b")
 ZONE_STEP_S = 900
 
 

@@ -1,7 +1,8 @@
 """Startup phases of an inference server, recognised from its log lines.
 
 Rules match message text (never `[file.py:line]`, which moves every release) and accept the
-wordings of several vLLM versions (see vllm-reference.md, section 1). Nearly every line matches
+wordings of several vLLM versions (see vllm-reference.md, section 1); SGLang has its own table
+(section 5). Nearly every line matches
 nothing, so rules are bucketed by the message's first character and guarded by a literal needle;
 a regex runs only to extract numbers from a line already known to be a phase line.
 
@@ -213,16 +214,57 @@ _RULES: tuple[tuple[str, str, _Handler], ...] = (
 )
 
 
-def _buckets() -> dict[str, tuple[tuple[str, _Handler], ...]]:
+_SGLANG_GRAPH = re.compile(r"Capture (?:\w+ )*?(?:cuda|CUDA) graph (begin|end)")
+_SGLANG_GRAPH_TIME = re.compile(r"Time elapsed: ([\d.]+ s)")
+
+
+def _sglang_graph(msg: str) -> PhaseHit | None:
+    """`Capture cuda graph begin. ...` / `... end. Time elapsed: X s. ...`; the draft model's
+    and newer builds' piecewise captures say `Capture draft cuda graph`,
+    `Capture piecewise CUDA graph`."""
+    m = _SGLANG_GRAPH.match(msg)
+    if m is None:
+        return None
+    if m.group(1) == "begin":
+        return PhaseHit(Phase.CUDA_GRAPHS)
+    t = _SGLANG_GRAPH_TIME.search(msg)
+    return PhaseHit(Phase.CUDA_GRAPHS, 1.0, None, t.group(1) if t else None)
+
+
+# SGLang (vllm-reference.md, section 5): no banner, so the first phase is the config; uvicorn
+# starting is only the API server's phase, as SGLang is ready after its warmup request.
+_SGLANG_RULES: tuple[tuple[str, str, _Handler], ...] = (
+    ("s", "server_args=", _fixed(Phase.CONFIG)),
+    ("I", "Init torch distributed", _fixed(Phase.CONFIG)),
+    ("L", "Load weight begin", _detail(Phase.WEIGHTS, r"avail mem=([\d.]+ GB)",
+                                        fmt="{0} free")),
+    ("LM", "shards", _bar(Phase.WEIGHTS, with_shards=True)),
+    ("L", "Load weight end", _detail(Phase.WEIGHTS, r"mem usage=([\d.]+ GB)", 1.0)),
+    ("K", "KV Cache is allocated", _detail(Phase.KV_CACHE, r"#tokens: (\d+)",
+                                            fmt="{0} tokens")),
+    ("M", "Memory pool end", _fixed(Phase.KV_CACHE, 1.0)),
+    ("C", "graph ", _sglang_graph),
+    ("C", "Capturing batches", _bar(Phase.CUDA_GRAPHS, with_shards=False)),
+    ("S", "Started server process", _fixed(Phase.API_SERVER)),
+    ("W", "Waiting for application startup", _fixed(Phase.API_SERVER)),
+    ("A", "Application startup complete", _fixed(Phase.API_SERVER)),
+    ("U", "Uvicorn running on", _detail(Phase.API_SERVER, r"running on (\S+)")),
+    ("T", "fired up and ready to roll", _fixed(Phase.READY_LOG)),
+    ("D", "Decode batch", _fixed(Phase.SERVING)),
+)
+
+
+def _buckets(rules: tuple[tuple[str, str, _Handler], ...]
+             ) -> dict[str, tuple[tuple[str, _Handler], ...]]:
     out: dict[str, list[tuple[str, _Handler]]] = {}
-    for chars, needle, handler in _RULES:
+    for chars, needle, handler in rules:
         for c in chars:
             out.setdefault(c, []).append((needle, handler))
     return {c: tuple(rules) for c, rules in out.items()}
 
 
-_VLLM = _buckets()
-_ENGINES = {"vllm": _VLLM}
+_VLLM = _buckets(_RULES)
+_ENGINES = {"vllm": _VLLM, "sglang": _buckets(_SGLANG_RULES)}
 
 
 def phase_initials(engine: str = "vllm") -> frozenset[str]:

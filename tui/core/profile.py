@@ -26,10 +26,16 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
-ENGINES = ("vllm",)
+ENGINES = ("vllm", "sglang")
 SPECULATIVE_METHODS = ("eagle3", "eagle", "ngram", "medusa", "mtp", "draft_model", "suffix")
 DRAFTER_METHODS = ("eagle3", "eagle", "medusa", "draft_model")
+SGLANG_METHODS = ("eagle3", "eagle")  # --speculative-algorithm EAGLE3 / EAGLE
+# SGLang's own speculative knobs: --speculative-num-steps, -eagle-topk, -num-draft-tokens
+SGLANG_SPECULATIVE_KEYS = ("num_steps", "eagle_topk", "num_draft_tokens")
 SCENARIOS = ("ready", "syntax-error", "oom", "hang", "engine-killed")
+ROLES = ("head", "worker")
+CLUSTER_BACKENDS = ("ray", "native")
+CLUSTER_PORTS = {"ray": 6379, "native": 29500}  # Ray's GCS port, torch's usual master port
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +53,42 @@ class HostConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """One host of a launch that spans several (`[[hosts]]`): its role and how the other hosts
+    reach it (the cluster's address; ssh may reach it by another name or through a jump)."""
+
+    role: str
+    host: HostConfig
+    address: str | None = None  # None: host.target
+
+    @property
+    def reached_at(self) -> str:
+        return self.address or self.host.target
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """How the hosts of a multi-host launch form one server: a Ray cluster, or vLLM's own
+    multi-node launch (the other hosts run headless workers)."""
+
+    backend: str
+    port: int | None = None  # None: CLUSTER_PORTS[backend]
+    join_timeout: float = 300.0
+    ray: tuple[str, ...] = ("ray",)  # Ray's command line on the hosts
+
+    @property
+    def rendezvous_port(self) -> int:
+        return self.port if self.port is not None else CLUSTER_PORTS[self.backend]
+
+
+@dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
     method: str
     model: str | None = None
-    num_speculative_tokens: int | None = None
+    num_speculative_tokens: int | None = None  # vLLM
+    num_steps: int | None = None  # SGLang (SGLANG_SPECULATIVE_KEYS)
+    eagle_topk: int | None = None
+    num_draft_tokens: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # further keys, passed through verbatim
 
 
@@ -61,7 +99,7 @@ class ServerConfig:
     port: int = 8000
     listen: str = "0.0.0.0"
     tensor_parallel_size: int = 1
-    executable: tuple[str, ...] = ("vllm", "serve")
+    executable: tuple[str, ...] | None = None  # None: the engine's own (see command.py)
     args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     secret_env: tuple[str, ...] = ()
@@ -129,6 +167,7 @@ class SimulateConfig:
     time_scale: float = 60.0
     gpus: int = 8
     gpu_state: str | None = None
+    fault_host: str | None = None  # a multi-host launch: only this host plays the scenario
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +182,9 @@ class Profile:
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     smoke: SmokeConfig = field(default_factory=SmokeConfig)
     simulate: SimulateConfig | None = None
+    # several hosts (`[[hosts]]`, the head first; `host` is the head's) and how they cluster
+    nodes: tuple[NodeConfig, ...] = ()
+    cluster: ClusterConfig | None = None
 
     @property
     def key(self) -> str:
@@ -241,10 +283,11 @@ def loads_profile(text: str, path: str | Path,
         raise _syntax_error(str(path), text, str(e)) from None
     try:
         _expand(data, os.environ if environ is None else environ)
-        values = _check_table(data, _TOP, required=("host", "server"))
+        values = _check_table(data, _TOP, required=("server",))
         if "simulate" in values and values["server"].model is None:
             raise _Invalid("missing required key 'model' (the simulated engine needs one)",
                            ".server.model")
+        _check_hosts(values)
     except _Invalid as e:
         key = e.sub.lstrip(".")
         shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in key)  # stays one line
@@ -469,6 +512,33 @@ def _rule(value: Any) -> LogRule:
 def _check_server(values: dict[str, Any]) -> None:
     if values.get("model") is None and values.get("command") is None:
         raise _Invalid("missing required key 'model' (needed unless `command` is given)", ".model")
+    if values.get("speculative") is not None:
+        _check_engine_speculative(values["engine"], values["speculative"])
+
+
+def _check_engine_speculative(engine: str, spec: SpeculativeConfig) -> None:
+    """Each engine's speculative keys: vLLM's methods and token count are not SGLang's, and
+    SGLang's steps, top-k and draft tokens are not vLLM's; SGLang's pass-through keys become
+    `--speculative-<key>` flags, so they must be plain values."""
+    if engine == "sglang":
+        if spec.method not in SGLANG_METHODS:
+            raise _Invalid(f"method {spec.method!r} is vLLM's; with engine = \"sglang\" use one "
+                           f"of: {', '.join(SGLANG_METHODS)}", ".speculative.method")
+        if spec.num_speculative_tokens is not None:
+            raise _Invalid("num_speculative_tokens is vLLM's; with engine = \"sglang\" use "
+                           f"{', '.join(SGLANG_SPECULATIVE_KEYS)}",
+                           ".speculative.num_speculative_tokens")
+        for key, value in spec.extra.items():
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise _Invalid(f"expected a string or a number (passed as --speculative-"
+                               f"{key.replace('_', '-')}), got {_describe(value)}",
+                               f".speculative.{key}")
+        return
+    for key in SGLANG_SPECULATIVE_KEYS:
+        if getattr(spec, key) is not None:
+            raise _Invalid(f"{key} is SGLang's (--speculative-{key.replace('_', '-')}); with "
+                           f"engine = \"{engine}\" use num_speculative_tokens",
+                           f".speculative.{key}")
 
 
 def _check_speculative(values: dict[str, Any]) -> None:
@@ -477,16 +547,68 @@ def _check_speculative(values: dict[str, Any]) -> None:
                        "(a path or Hugging Face id)", ".model")
 
 
+def _check_hosts(values: dict[str, Any]) -> None:
+    """Either one `[host]`, or `[[hosts]]` (two or more, one head) with a `[cluster]`; the
+    head becomes `host`, first among the nodes."""
+    nodes = values.pop("hosts", None)
+    if nodes is None:
+        if "host" not in values:
+            raise _Invalid("missing required table 'host' (or [[hosts]] for several)", ".host")
+        if "cluster" in values:
+            raise _Invalid("[cluster] needs several hosts: write them as [[hosts]] tables "
+                           "with a role each", ".cluster")
+        return
+    if "host" in values:
+        raise _Invalid("write either [host] or [[hosts]], not both", ".hosts")
+    if len(nodes) < 2:
+        raise _Invalid("[[hosts]] lists one host: write it as [host], or add the others",
+                       ".hosts")
+    heads = [i for i, n in enumerate(nodes) if n.role == "head"]
+    if len(heads) != 1:
+        raise _Invalid(f"exactly one host must have role = \"head\", found {len(heads)}",
+                       ".hosts")
+    targets = [n.host.target for n in nodes]
+    for i, target in enumerate(targets):
+        if targets.index(target) != i:
+            raise _Invalid(f"host {target!r} is listed twice", f".hosts[{i}].target")
+    if "cluster" not in values:
+        raise _Invalid("several hosts need a [cluster] table (backend = \"ray\" or "
+                       "\"native\")", ".cluster")
+    if values["server"].engine != "vllm":
+        raise _Invalid(f"several hosts are launched with vLLM's multi-node shapes only, not "
+                       f"{values['server'].engine!r}", ".server.engine")
+    tp = values["server"].tensor_parallel_size
+    if values["cluster"].backend == "native" and tp % len(nodes):
+        raise _Invalid(f"tensor_parallel_size {tp} does not split over {len(nodes)} hosts",
+                       ".server.tensor_parallel_size")
+    fault = values["simulate"].fault_host if "simulate" in values else None
+    if fault is not None and fault not in targets:
+        raise _Invalid(f"unknown host {fault!r}{_suggest(fault, targets)}; the hosts are: "
+                       f"{', '.join(targets)}", ".simulate.fault_host")
+    head = nodes[heads[0]]
+    values["nodes"] = (head, *(n for n in nodes if n is not head))
+    values["host"] = head.host
+
+
+def _node(value: Any) -> NodeConfig:
+    values = _check_table(value, _NODE, required=("role", "target"))
+    role, address = values.pop("role"), values.pop("address", None)
+    return NodeConfig(role, HostConfig(**values), address)
+
+
 _POSITIVE = _bounded(_float, 0, strict=True)
 _HOST = {
     "target": _str, "jump": _str, "python": _str, "workdir": _str, "runs_dir": _str,
     "known_hosts": _str, "strict_host_keys": _bool, "keepalive_interval": _POSITIVE,
     "keepalive_count_max": _bounded(_int, 1), "connect_timeout": _POSITIVE,
 }
+_NODE = {**_HOST, "role": _one_of(ROLES), "address": _str}
+_CLUSTER = {"backend": _one_of(CLUSTER_BACKENDS), "port": _bounded(_int, 1, 65535),
+            "join_timeout": _duration, "ray": _list(_str, nonempty=True)}
 _SPECULATIVE = {
     "method": _one_of(SPECULATIVE_METHODS), "model": _str,
     "num_speculative_tokens": _bounded(_int, 1),
-}
+} | {key: _bounded(_int, 1) for key in SGLANG_SPECULATIVE_KEYS}
 _SERVER = {
     "engine": _one_of(ENGINES),
     "model": _str,
@@ -512,10 +634,12 @@ _SMOKE = {"enabled": _bool, "kind": _one_of(("completion", "chat")), "prompt": _
           "max_tokens": _bounded(_int, 1, 4096), "timeout": _duration}
 _SIMULATE = {
     "scenario": _one_of(SCENARIOS), "time_scale": _POSITIVE, "gpus": _bounded(_int, 1),
-    "gpu_state": _str,
+    "gpu_state": _str, "fault_host": _str,
 }
 _TOP = {
     "host": _section(HostConfig, _HOST, ("target",)),
+    "hosts": _list(_node, nonempty=True),
+    "cluster": _section(ClusterConfig, _CLUSTER, ("backend",)),
     "server": _section(ServerConfig, _SERVER, ("engine",), post=_check_server),
     "preflight": _section(PreflightConfig, _PREFLIGHT),
     "logs": _section(LogsConfig, _LOGS),

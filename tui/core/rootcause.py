@@ -5,6 +5,10 @@ process prefix (or none: some tracebacks are printed raw). The tracker assembles
 process, records the first exception of each that is not a known symptom ("Engine core
 initialization failed ... See root cause above" only points elsewhere) nor noise, and answers
 with the candidate of the process reported dead first, or before any death the first candidate.
+
+SGLang logs a scheduler's failure as ONE record, `[... TP3] Scheduler hit an exception:
+Traceback ...`: only its first line carries the rank tag, the rest are its continuation. Its
+launcher's "Received sigquit from a child process" is a symptom, and may come first.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ _SYMPTOM_RE = re.compile(
     r"|died unexpectedly|EngineCore encountered (?:a fatal error|an issue)|EngineDeadError"
     r"|Parent process exited, terminating worker|Received sigquit from a child process"
     r"|[Ee]ngine core (?:proc \S+ )?exited unexpectedly|See root cause above"
+    r"|Child process unexpectedly failed"
 )
 # An orderly shutdown someone asked for (SIGTERM, `specconsole kill`): the "Parent process
 # exited, terminating worker queues" that follows (INFO in vLLM 0.32) is its consequence, not a
@@ -99,8 +104,11 @@ class RootCauseTracker:
     agent's pidfd is faster than the log tail) still gets the right cause.
     """
 
-    def __init__(self, noise: NoiseFilter | None = None) -> None:
+    def __init__(self, noise: NoiseFilter | None = None, engine: str = "vllm") -> None:
         self._noise = noise
+        # SGLang: a line without a process continues the traceback of the line before it
+        self._records = engine == "sglang"
+        self._carry: object = None  # that traceback's key
         self._open: dict[object, _Trace] = {}
         self._candidates: list[_Candidate] = []
         self._symptoms: dict[str, None] = {}
@@ -125,7 +133,7 @@ class RootCauseTracker:
             return None
         if self._death is not None:
             pid, name = self._death
-            short = name.removeprefix("VLLM::")
+            short = name.removeprefix("VLLM::").removeprefix("sglang::")
             cands = ([c for c in cands if c.pid == pid]
                      or [c for c in cands if c.proc is not None and c.proc == short] or cands)
         # a failure reported from another process gives way to a real exception of the same one
@@ -149,12 +157,16 @@ class RootCauseTracker:
     def feed(self, line: LogLine) -> None:
         msg = line.message
         key = line.pid if line.pid is not None else line.proc
+        carry, self._carry = self._carry, None
         if self._open:
-            trace = self._open.get(key)
-            if trace is not None and self._continue(trace, line, msg, key):
+            at = carry if key is None and carry is not None else key
+            trace = self._open.get(at)
+            if trace is not None and self._continue(trace, line, msg, at):
+                self._carry = at if self._records else None
                 return
         if msg.endswith(_TB_START):
             self._start(key, line, msg)
+            self._carry = key if self._records else None
             return
         if "[shutdown]" in msg and _REQUESTED_SHUTDOWN_RE.search(msg) is not None:
             self._stopping = True

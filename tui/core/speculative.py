@@ -17,7 +17,8 @@ def speculative_checks(profile: Profile) -> tuple[Check, ...]:
     if spec is None or not profile.preflight.spec_consistent:
         return ()
     problems: list[Check] = []
-    if spec.method in (*DRAFTER_METHODS, "ngram") and spec.num_speculative_tokens is None:
+    if (profile.server.engine == "vllm" and spec.method in (*DRAFTER_METHODS, "ngram")
+            and spec.num_speculative_tokens is None):  # SGLang chooses its steps itself
         problems.append(Check(CHECK, False, "error",
                               f"method {spec.method} needs server.speculative."
                               "num_speculative_tokens"))
@@ -33,6 +34,8 @@ def speculative_checks(profile: Profile) -> tuple[Check, ...]:
 def _summary(profile: Profile) -> str:
     spec = profile.server.speculative
     assert spec is not None
-    tokens = f", {spec.num_speculative_tokens} tokens" if spec.num_speculative_tokens else ""
+    sizes = ((spec.num_speculative_tokens, "{} tokens"), (spec.num_steps, "{} steps"),
+             (spec.eagle_topk, "top-k {}"), (spec.num_draft_tokens, "{} draft tokens"))
+    tokens = "".join(", " + what.format(n) for n, what in sizes if n)
     drafter = f", drafter {spec.model}" if spec.model else ""
     return f"{spec.method}{tokens}{drafter}"

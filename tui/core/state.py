@@ -43,9 +43,11 @@ class State(enum.Enum):
 _LIVE = {State.PREFLIGHT, State.STARTING, State.LOADING, State.READY, State.STALLED}
 
 # vLLM's (and SGLang's) own processes: their death is the server's death, whatever the code.
-# "EngineCor": the kernel keeps 15 characters of `VLLM::EngineCore` as a zombie's name.
+# "EngineCor": the kernel keeps 15 characters of `VLLM::EngineCore` as a zombie's name, as
+# "schedul" and "detoken" of `sglang::scheduler_TP3` and `sglang::detokenizer`.
 _SERVER_ROLE = re.compile(
-    r"^(APIServer|EngineCor|VllmWorker|Worker|RayWorkerWrapper|mp-spawn|vllm|sglang|Scheduler)",
+    r"^(APIServer|EngineCor|VllmWorker|Worker|RayWorkerWrapper|mp-spawn|vllm|sglang|SGLang"
+    r"|Scheduler|schedul|detoken|data_parallel)",
 )
 # Helpers that come and go during a launch (compilers, shells, the multiprocessing resource
 # tracker): even a failing one is reported, not taken for the server's death.
@@ -74,8 +76,14 @@ _REPORTED_COMMAND = re.compile(r"Command '(\[.*?\])' returned non-zero exit stat
 _PENDING_MAX = 16
 # A line stamped this much before it was read is history (a replay on attach), not live.
 LATE_LINE_S = 2.0
-# Processes that log nothing under their own prefix, named by their command line.
-_ROLE_BY_COMMAND = (("vllm.model_executor.models.registry", "model inspection"),)
+# Processes that log nothing under their own prefix, named by their command line: vLLM's model
+# inspection child, SGLang's launcher (no SGLang line names its process by pid).
+_ROLE_BY_COMMAND = (("vllm.model_executor.models.registry", "model inspection"),
+                    ("sglang.launch_server", "SGLangServer"),
+                    ("--sim-engine sglang", "SGLangServer"))
+# SGLang's processes retitle themselves (setproctitle): `sglang::scheduler_TP3` is the
+# process that logs as `[... TP3]`, named "scheduler_TP3" both ways (see logline).
+_SGLANG_TITLE = "sglang::"
 # Heartbeats of a hang: lines that must not count as progress.
 _HANG_HEARTBEAT = "No available shared memory broadcast block found"
 
@@ -216,7 +224,7 @@ class LaunchMachine:
     _gpus: dict[int, _GpuTrack] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.tracker = RootCauseTracker(self.noise)
+        self.tracker = RootCauseTracker(self.noise, self.engine)
 
     # -- transitions driven by the supervisor ------------------------------------------------
 
@@ -382,13 +390,16 @@ class LaunchMachine:
         return []
 
     def name_of(self, pid: int, fallback: str) -> str:
-        """vLLM's name for a process: from the log's prefixes, else from its command line
-        (vLLM's model-inspection child logs nothing of its own), else the kernel's."""
+        """The engine's name for a process: from the log's prefixes, else from its command line
+        (vLLM's model-inspection child logs nothing of its own, SGLang's processes carry their
+        title), else the kernel's."""
         name = self.log_names.get(pid)
         if name is not None:
             return name
         proc = self.procs.get(pid)
         if proc is not None:
+            if proc.cmd.startswith(_SGLANG_TITLE):
+                return proc.cmd[len(_SGLANG_TITLE):].split(" ", 1)[0] or fallback
             for needle, role in _ROLE_BY_COMMAND:
                 if needle in proc.cmd:
                     return role
@@ -445,7 +456,8 @@ class LaunchMachine:
             return self.feed_exit(ProcExit(pid, first, self.reported_codes[first], None,
                                            ex.time, False), at)
         pid = ex.pid if ex.pid is not None else (self.top_pid or 0)
-        name = self.procs[pid].name if pid in self.procs else "APIServer"
+        name = self.procs[pid].name if pid in self.procs else (
+            "SGLangServer" if self.engine == "sglang" else "APIServer")
         return self.feed_exit(ProcExit(pid, name, ex.code, ex.signal, ex.time, True), at)
 
     def feed_health(self, health: Health, at: float) -> list[DomainEvent]:

@@ -14,7 +14,7 @@ DEMO_TEMPLATE = """
 target = "local"
 
 [server]
-engine = "vllm"
+engine = "{engine}"
 model = "/models/moonshotai/Kimi-K2.5 (simulated)"
 port = {port}
 tensor_parallel_size = 8
@@ -22,7 +22,7 @@ tensor_parallel_size = 8
 [server.speculative]
 method = "eagle3"
 model = "/models/Kimi-K2.5-eagle3 (simulated)"
-num_speculative_tokens = 5
+{draft_sizes}
 
 [preflight]
 compile = false
@@ -45,15 +45,22 @@ gpus = 8
 """
 
 
+# How many tokens the drafter proposes, in each engine's terms.
+DRAFT_SIZES = {"vllm": "num_speculative_tokens = 5",
+               "sglang": "num_steps = 3\neagle_topk = 1\nnum_draft_tokens = 4"}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-def demo_profile(scenario: str, time_scale: float) -> Profile:
-    """A profile for `specconsole demo`: a 25-minute load shown in 25 min / time_scale."""
+def demo_profile(scenario: str, time_scale: float, engine: str = "vllm") -> Profile:
+    """A profile for `specconsole demo`: a 25-minute load shown in 25 min / time_scale, by
+    the simulated vLLM or SGLang."""
     stall = max(3.0, 600.0 / time_scale)
     text = DEMO_TEMPLATE.format(port=free_port(), scenario=scenario, time_scale=time_scale,
-                                stall=f"{stall:g}", load=f"{25 * 60 / time_scale:g}")
+                                stall=f"{stall:g}", load=f"{25 * 60 / time_scale:g}",
+                                engine=engine, draft_sizes=DRAFT_SIZES[engine])
     return loads_profile(text, f"demo-{scenario}.toml")

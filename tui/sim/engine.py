@@ -5,12 +5,23 @@
         --sim-scenario ready|syntax-error|oom|hang|engine-killed --sim-time-scale X
         [--sim-gpus 8] [--sim-gpu-state DIR] [--sim-flood LINES_PER_S]
         [--sim-orphans] [--sim-ignore-sigterm] [--sim-escapee]
+        [--nnodes N --node-rank R --master-addr A --master-port M [--headless]]
+        [--distributed-executor-backend ray]  (with RAY_ADDRESS=A:P, a `tui.sim.ray` cluster)
 
 This process is the API server (`(APIServer pid=N)`). It spawns the engine core
 (`VLLM::EngineCore_DP0`, `tui/sim/engine_core.py`), which spawns N workers (`VLLM::Worker_TP<r>`,
 `tui/sim/worker.py`); all of them write vLLM-shaped lines to the inherited stdout/stderr on the
 schedule of `timeline.py`, scaled by --sim-time-scale. Stdlib only: it runs wherever the
 agent's Python runs, psutil or not.
+
+Over several hosts (`tui/sim/cluster.py`): with --nnodes N, node 0 is this server, whose engine
+core listens on the master port until the N-1 others join and then runs ranks [0, TP/N) itself;
+node R runs with --headless (no API server, no engine core: only its ranks [R*TP/N, (R+1)*TP/N),
+spawned at the head's request; its --sim-scenario overrides the head's for them). With
+--distributed-executor-backend ray the engine core has the Ray head place all the ranks.
+
+`--sim-engine sglang` (anywhere in argv) plays SGLang instead, with its arguments and process
+tree: `tui/sim/sglang/launcher.py`.
 
 Faults for the kill and leftover tests (simulation only): --sim-orphans (the engine core and
 workers outlive a killed API server, as real vLLM's do), --sim-ignore-sigterm (every process
@@ -29,7 +40,7 @@ import threading
 import time
 from typing import Any
 
-from tui.sim import failures, flood, gpu_state, lines, runtime
+from tui.sim import cluster, failures, flood, gpu_state, lines, node, runtime
 from tui.sim import timeline as tl
 from tui.sim.http_api import ServingState, SimHTTPServer
 from tui.sim.runtime import SimClock, Terminated
@@ -143,7 +154,8 @@ def _typed(text: str) -> Any:
 class ApiServer:
     """The top process: banner and config lines, the engine core, HTTP, shutdown."""
 
-    def __init__(self, args: argparse.Namespace, extra: list[str]) -> None:
+    def __init__(self, args: argparse.Namespace, extra: list[str],
+                 nodes: cluster.Options) -> None:
         self.args = args
         self.model: str = args.model_tag or args.model
         self.arch = lines.architecture(self.model)
@@ -163,6 +175,7 @@ class ApiServer:
         self.patched: str | None = None
         self.serving = False
         self.gpus = args.sim_gpus
+        self.nodes = nodes
 
     def run(self) -> int:
         try:
@@ -219,7 +232,7 @@ class ApiServer:
             "gpus": self.gpus, "gpu_state": self.state_dir, "patched_model": self.patched,
             "dist_port": 40_000 + os.getpid() % 20_000, "python": runtime.this_python(),
             "status_fd": write_fd, "orphans": args.sim_orphans,
-            "ignore_sigterm": args.sim_ignore_sigterm,
+            "ignore_sigterm": args.sim_ignore_sigterm, "cluster": self.nodes.engine_config(),
         }
         self.engine = runtime.spawn("VLLM::EngineCore_DP0", "tui.sim.engine_core", config,
                                     pass_fds=[write_fd])
@@ -335,8 +348,24 @@ class ApiServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, extra = parse_args(argv)
-    return ApiServer(args, extra).run()
+    engine, rest = _engine(sys.argv[1:] if argv is None else argv)
+    if engine == "sglang":
+        from tui.sim.sglang import launcher  # it imports this module: SCENARIOS
+
+        return launcher.main(rest)
+    args, extra = parse_args(rest)
+    nodes = cluster.parse_options(extra, args.tensor_parallel_size)
+    if nodes.headless:
+        return node.run_headless(args, nodes, cluster.explicit_scenario(rest))
+    return ApiServer(args, extra, nodes).run()
+
+
+def _engine(argv: list[str]) -> tuple[str, list[str]]:
+    """`--sim-engine vllm|sglang`: the server this plays, and the rest of argv."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--sim-engine", choices=("vllm", "sglang"), default="vllm")
+    known, rest = pre.parse_known_args(argv)
+    return known.sim_engine, rest
 
 
 if __name__ == "__main__":

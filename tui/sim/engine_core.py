@@ -2,10 +2,12 @@
 
 Started by the API server as `python -m tui.sim.engine_core`. It prints the engine config, spawns
 one `VLLM::Worker_TP<r>` per rank, and follows their status pipes: all "kv" -> the KV cache
-size lines, all "ready" -> "init engine ... took" and "ready" to the API server. A worker's EOF
-means it died: the engine core logs the worker's exit code, stops the others and fails like
-vLLM ("EngineCore failed to start." + traceback, then the bare multiprocessing traceback,
-exit 1). In engine-killed it SIGKILLs itself a while after becoming ready.
+size lines, all "ready" -> "init engine ... took" and "ready" to the API server. Over several
+hosts (`tui/sim/executor.py`) it first joins the other nodes or has the Ray head place the ranks,
+and then treats a remote worker as a local one. A worker's EOF means it died: the engine core
+logs the worker's exit code, stops the others and fails like vLLM ("EngineCore failed to
+start." + traceback, then the bare multiprocessing traceback, exit 1). In engine-killed it
+SIGKILLs itself a while after becoming ready.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from tui.sim import failures, lines, runtime
+from tui.sim import executor, failures, lines, runtime
 from tui.sim import timeline as tl
 from tui.sim.runtime import SimClock, Terminated
 from tui.sim.simlog import STDERR, SimLog
@@ -26,7 +28,8 @@ from tui.sim.simlog import STDERR, SimLog
 class _Worker:
     """A spawned worker and what it has said on its status pipe."""
 
-    def __init__(self, rank: int, proc: subprocess.Popen[bytes], fd: int) -> None:
+    def __init__(self, rank: int, proc: subprocess.Popen[bytes] | executor.RemoteRank,
+                 fd: int) -> None:
         self.rank = rank
         self.proc = proc
         self.fd = fd
@@ -45,6 +48,7 @@ class EngineCore:
         self.rt = runtime.Runtime(self.clock, cfg.get("ignore_sigterm", False))
         self.log = SimLog("EngineCore_DP0", self.clock)
         self.workers: list[_Worker] = []
+        self.cluster = executor.Executor.open(cfg, self.rt, self.log, self.clock)
 
     def run(self) -> int:
         try:
@@ -52,6 +56,9 @@ class EngineCore:
         except Terminated:
             self._stop_workers(grace=0.0)
             return 0
+        finally:
+            if self.cluster is not None:
+                self.cluster.close()
 
     def _run(self) -> int:
         for warning in lines.FUTURE_WARNINGS:
@@ -61,7 +68,11 @@ class EngineCore:
         self.log.info(lines.SRC_ENGINE, lines.engine_config(
             tl.VERSION, cfg["model"], self.spec, cfg["tp"], cfg["max_model_len"]))
         self.rt.at(tl.WORKERS_SPAWN)
-        self._spawn_workers()
+        try:
+            self._spawn_workers()
+        except (executor.DistNetworkError, ConnectionError, ValueError) as exc:
+            self._start_failed(exc, self.clock.now())
+            return 1
         dead = self._wait_all(b"kv")
         if dead is not None:
             return self._fail(dead)
@@ -92,13 +103,19 @@ class EngineCore:
 
     def _spawn_workers(self) -> None:
         cfg = self.cfg
-        for rank in range(cfg["tp"]):
+        ranks, remote = range(cfg["tp"]), list[executor.RemoteRank]()
+        if self.cluster is not None:
+            ranks, remote = self.cluster.start(cfg)
+        for rank in ranks:
             read_fd, write_fd = os.pipe()
-            child = {**cfg, "rank": rank, "gpu": rank % cfg["gpus"], "status_fd": write_fd}
+            local = rank - ranks.start
+            child = {**cfg, "rank": rank, "gpu": local % cfg["gpus"], "local_rank": local,
+                     "status_fd": write_fd}
             proc = runtime.spawn(f"VLLM::Worker_TP{rank}", "tui.sim.worker", child,
                                  pass_fds=[write_fd])
             os.close(write_fd)
             self.workers.append(_Worker(rank, proc, read_fd))
+        self.workers += [_Worker(r.rank, r, r.fd) for r in remote]
 
     def _wait_all(self, message: bytes | None) -> _Worker | None:
         """Until every worker said `message` (None: forever); returns a worker found dead."""
@@ -129,10 +146,13 @@ class EngineCore:
         try:
             self._wait_for_ready()
         except Exception as exc:
-            self.log.exception(lines.SRC_CORE_FAIL, "EngineCore failed to start.", exc)
-            self.rt.at(died + tl.ENGINE_FAIL_EXIT)
-            self.log.bare_traceback(exc, first="Process EngineCore_DP0:")
+            self._start_failed(exc, died + tl.ENGINE_FAIL_EXIT)
         return 1
+
+    def _start_failed(self, exc: BaseException, exit_at: float) -> None:
+        self.log.exception(lines.SRC_CORE_FAIL, "EngineCore failed to start.", exc)
+        self.rt.at(exit_at)
+        self.log.bare_traceback(exc, first="Process EngineCore_DP0:")
 
     def _wait_for_ready(self) -> None:
         """Where vLLM's executor notices a worker that failed to start."""

@@ -1,4 +1,5 @@
-"""The simulated API server's HTTP side: /health, /v1/models, /v1/completions, /metrics.
+"""The simulated API server's HTTP side: /health, /v1/models, /v1/completions, /metrics, and
+SGLang's /generate.
 
 The socket is bound early and listens only once the engine is ready, as vLLM does (a port in
 use fails at once; before readiness a connection is refused). Traffic is simulated per stats
@@ -27,12 +28,14 @@ class ServingState:
     """Counters shared by the HTTP threads and the stats logger."""
 
     def __init__(self, model: str, served_name: str, max_model_len: int,
-                 spec: lines.Spec | None, seed: float) -> None:
+                 spec: lines.Spec | None, seed: float, engine: str = "vllm") -> None:
         self.model = model
         self.served_name = served_name
         self.max_model_len = max_model_len
         self.spec = spec
+        self.engine = engine  # names the /metrics counters: `vllm:...`, `sglang:...`
         self.engine_dead = False
+        self.starting = False  # SGLang's /health answers 503 until its warmup request is done
         self._lock = threading.Lock()
         self._rng = random.Random(seed)
         self._prompt_tokens = 0
@@ -70,11 +73,7 @@ class ServingState:
             else str(body.get("prompt", ""))
         words = REPLY.split()[: max(1, int(body.get("max_tokens", 16)))]
         usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(words)}
-        with self._lock:
-            self._requests += 1
-            self._prompt_tokens += usage["prompt_tokens"]
-            self._generation_tokens += usage["completion_tokens"]
-            number = self._requests
+        number = self._count(usage)
         text = " ".join(words)
         choice: dict[str, Any] = (
             {"index": 0, "message": {"role": "assistant", "content": text},
@@ -91,21 +90,42 @@ class ServingState:
             "system_fingerprint": f"vllm-{VERSION}",
         }
 
+    def generate(self, body: dict[str, Any]) -> dict[str, Any]:
+        """SGLang's native answer to `{"text": ..., "sampling_params": {...}}`."""
+        params = body.get("sampling_params")
+        limit = params.get("max_new_tokens", 16) if isinstance(params, dict) else 16
+        words = REPLY.split()[: max(1, int(limit))]
+        usage = {"prompt_tokens": len(str(body.get("text", "")).split()),
+                 "completion_tokens": len(words)}
+        number = self._count(usage)
+        return {"text": " ".join(words), "meta_info": {
+            "id": f"sim-{number}", **usage,
+            "finish_reason": {"type": "length", "length": len(words)}}}
+
+    def _count(self, usage: dict[str, int]) -> int:
+        """Count one answered request; its number."""
+        with self._lock:
+            self._requests += 1
+            self._prompt_tokens += usage["prompt_tokens"]
+            self._generation_tokens += usage["completion_tokens"]
+            return self._requests
+
     def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [{
             "id": self.served_name, "object": "model", "created": int(time.time()),
-            "owned_by": "vllm", "root": self.model, "parent": None,
+            "owned_by": self.engine, "root": self.model, "parent": None,
             "max_model_len": self.max_model_len}]}
 
     def metrics(self) -> str:
         labels = f'engine="0",model_name="{self.served_name}"'
         with self._lock:
-            out = [*_counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.",
+            prefix = f"{self.engine}:"
+            out = [*_counter(f"{prefix}prompt_tokens_total", "Number of prefill tokens processed.",
                              labels, self._prompt_tokens),
-                   *_counter("vllm:generation_tokens_total",
+                   *_counter(f"{prefix}generation_tokens_total",
                              "Number of generation tokens processed.", labels,
                              self._generation_tokens),
-                   *_counter("vllm:request_success_total", "Count of successfully processed "
+                   *_counter(f"{prefix}request_success_total", "Count of successfully processed "
                              "requests.", labels, self._requests)]
             if self.spec is not None:
                 k = self.spec.num_tokens
@@ -155,7 +175,8 @@ class _Handler(BaseHTTPRequestHandler):
         state = self.server.state
         path = self.path.split("?", 1)[0]
         if path == "/health":
-            self._send(503 if state.engine_dead else 200, b"", "application/json")
+            self._send(503 if state.engine_dead or state.starting else 200, b"",
+                       "application/json")
         elif path == "/v1/models":
             self._json(200, state.models())
         elif path == "/version":
@@ -172,13 +193,15 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(length) or b"{}")
         except ValueError:
             body = None
-        if self.path not in ("/v1/completions", "/v1/chat/completions"):
+        if self.path not in ("/v1/completions", "/v1/chat/completions", "/generate"):
             code, reply = 404, {"detail": "Not Found"}
         elif not isinstance(body, dict):
             code, reply = 400, {"error": {"message": "invalid JSON body", "code": 400}}
         elif state.engine_dead:
             code, reply = 500, {"error": {"message": "EngineCore encountered an issue. See "
                                           "stack trace (above) for the root cause.", "code": 500}}
+        elif self.path == "/generate":
+            code, reply = 200, state.generate(body)
         else:
             code, reply = 200, state.complete(body, chat=self.path.endswith("/chat/completions"))
         self._json(code, reply)

@@ -40,22 +40,25 @@ class Terminated(Exception):
 
 
 class SimClock:
-    """Simulated seconds since launch (`t0`, epoch seconds), running `scale` times real time."""
+    """Simulated seconds since launch (`t0`, epoch seconds), running `scale` times real time;
+    `shift` simulated seconds of waiting for other hosts delay the schedule, not the stamps."""
 
-    def __init__(self, t0: float, scale: float) -> None:
+    def __init__(self, t0: float, scale: float, shift: float = 0.0) -> None:
         self.t0 = t0
         self.scale = scale
+        self.shift = shift
 
     def now(self) -> float:
-        return (time.time() - self.t0) * self.scale
+        return (time.time() - self.t0) * self.scale - self.shift
 
     def deadline(self, sim_t: float) -> float:
         """The epoch time at which simulated second `sim_t` happens."""
-        return self.t0 + sim_t / self.scale
+        return self.t0 + (sim_t + self.shift) / self.scale
 
     def stamp(self) -> str:
         """vLLM's `%m-%d %H:%M:%S`, on the simulated clock so durations in messages agree."""
-        return time.strftime("%m-%d %H:%M:%S", time.localtime(self.t0 + self.now()))
+        return time.strftime("%m-%d %H:%M:%S",
+                             time.localtime(self.t0 + self.now() + self.shift))
 
 
 class Runtime:
@@ -125,16 +128,18 @@ def set_name(title: str) -> None:
         prctl(_PR_SET_NAME, title.encode()[:15], 0, 0, 0)
 
 
-def spawn(title: str, module: str, config: dict[str, Any],
-          pass_fds: Iterable[int] = ()) -> subprocess.Popen[bytes]:
-    """Start `python -m module` with argv[0] = `title`, passing `config` in the environment."""
+def spawn(title: str, module: str, config: dict[str, Any], pass_fds: Iterable[int] = (),
+          new_session: bool = False) -> subprocess.Popen[bytes]:
+    """Start `python -m module` with argv[0] = `title`, passing `config` in the environment;
+    `new_session`: in a session and process group of its own, as Ray starts its workers."""
     python = config["python"]
     env = dict(os.environ)
     env[CONFIG_ENV] = json.dumps({**config, "title": title, "parent_pid": os.getpid()})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
     env["PYTHONEXECUTABLE"] = python
     return subprocess.Popen([title, "-m", module], executable=python, env=env,
-                            stdin=subprocess.DEVNULL, pass_fds=tuple(pass_fds))
+                            stdin=subprocess.DEVNULL, pass_fds=tuple(pass_fds),
+                            start_new_session=new_session)
 
 
 def this_python() -> str:

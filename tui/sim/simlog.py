@@ -23,8 +23,13 @@ STDERR = 2
 class SimLog:
     """The log of one process; thread-safe (the HTTP thread writes access lines)."""
 
-    def __init__(self, proc: str, clock: SimClock) -> None:
-        self.prefix = f"({proc} pid={os.getpid()}) "
+    def __init__(self, proc: str, clock: SimClock, prefix: str | None = None,
+                 outer: str = "") -> None:
+        """`prefix` replaces vLLM's `(<proc> pid=<N>) ` (vLLM's headless node and Ray's workers
+        have none); `outer` precedes every line, as Ray's log monitor puts
+        `(RayWorkerWrapper pid=N, ip=A) ` before each line of a worker."""
+        self.prefix = f"({proc} pid={os.getpid()}) " if prefix is None else prefix
+        self.outer = outer
         self.clock = clock
         self._seq = 0
         self._lock = threading.Lock()
@@ -42,8 +47,12 @@ class SimLog:
         """One line of this process's own text (tqdm bars and uvicorn lines are unprefixed)."""
         with self._lock:
             self._seq += 1
-            head = self.prefix if prefixed else ""
-            _write(fd, f"{head}{text} [sim#{self._seq}]\n")
+            head = self.head() if prefixed else ""
+            self._out(fd, f"{head}{text} [sim#{self._seq}]\n")
+
+    def head(self) -> str:
+        """What precedes a line of this process's own text: vLLM's process prefix."""
+        return self.prefix
 
     def raw(self, text: str) -> None:
         """Text written as is, in one write: whole lines, no prefix, no counter."""
@@ -56,12 +65,17 @@ class SimLog:
             self._seq += 1
             lines = [f"{header}{message} [sim#{self._seq}]"]
             lines += [f"{header}{tb}" for tb in _traceback_lines(exc)]
-            _write(STDOUT, "".join(f"{ln}\n" for ln in lines))
+            self._out(STDOUT, "".join(f"{ln}\n" for ln in lines))
 
     def bare_traceback(self, exc: BaseException, first: str | None = None) -> None:
         """A traceback as Python itself prints it to stderr: no prefix, no counter."""
         lines = ([first] if first else []) + _traceback_lines(exc)
-        _write(STDERR, "".join(f"{ln}\n" for ln in lines))
+        self._out(STDERR, "".join(f"{ln}\n" for ln in lines))
+
+    def _out(self, fd: int, text: str) -> None:
+        if self.outer:
+            text = "".join(self.outer + ln for ln in text.splitlines(keepends=True))
+        _write(fd, text)
 
     def _header(self, level: str, src: str) -> str:
         return f"{level} {self.clock.stamp()} [{src}] "

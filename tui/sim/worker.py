@@ -13,6 +13,7 @@ import contextlib
 import os
 import random
 import sys
+import time
 from typing import Any
 
 from tui.sim import failures, gpu_state, lines, runtime
@@ -35,9 +36,12 @@ class Worker:
         self.spec = lines.Spec.from_json(cfg["spec"]) if cfg["spec"] else None
         self.state_dir: str = cfg["gpu_state"]
         self.status_fd: int = cfg["status_fd"]
-        self.clock = SimClock(cfg["t0"], cfg["scale"])
+        self.clock = SimClock(cfg["t0"], cfg["scale"], cfg.get("shift", 0.0))
         self.rt = runtime.Runtime(self.clock, cfg.get("ignore_sigterm", False))
-        self.log = SimLog(f"Worker_TP{self.rank}", self.clock)
+        self.born = time.time()
+        ray_ip = cfg.get("ray_ip")  # a Ray worker: Ray's prefix on every line, none of vLLM's
+        ray = f"(RayWorkerWrapper pid={os.getpid()}, ip={ray_ip}) " if ray_ip else ""
+        self.log = SimLog(f"Worker_TP{self.rank}", self.clock, "" if ray else None, ray)
         self.rng = random.Random(cfg["t0"] * 1000 + self.rank)
         self.used = 0.0  # GiB
 
@@ -51,11 +55,14 @@ class Worker:
 
     def _run(self) -> int:
         self.log.line(lines.FUTURE_WARNINGS[0], fd=STDERR)
+        self._rendezvous()
         self.rt.at(tl.WORKER_INIT)
         self._hold(tl.CONTEXT_GIB, 0)
         self.log.info(lines.SRC_PARALLEL,
-                      f"world_size={self.tp} rank={self.rank} local_rank={self.rank} "
-                      f"distributed_init_method=tcp://127.0.0.1:{self.cfg['dist_port']} "
+                      f"world_size={self.tp} rank={self.rank} "
+                      f"local_rank={self.cfg.get('local_rank', self.rank)} "
+                      "distributed_init_method=tcp://"
+                      f"{self.cfg.get('dist_host', '127.0.0.1')}:{self.cfg['dist_port']} "
                       "backend=nccl")
         self.log.info(lines.SRC_RANKS,
                       f"rank {self.rank} in world size {self.tp} is assigned as DP rank 0, "
@@ -64,6 +71,9 @@ class Worker:
         self.log.error(lines.SRC_TRITON, lines.TRITON_ERROR)
         if self.scenario == "syntax-error":
             self.rt.at(tl.MODEL_IMPORT + self.rank * tl.WORKER_IMPORT_STAGGER)
+            # a real worker imports torch for seconds before the model file; however fast the
+            # simulated clock, never die before a watcher could have started
+            self.rt.wait(until=self.born + tl.MIN_IMPORT_REAL)
             try:
                 self._init_model_runner()
             except SyntaxError as exc:
@@ -83,6 +93,17 @@ class Worker:
         self._report(b"ready\n")
         self._serve()
         return 0
+
+    def _rendezvous(self) -> None:
+        """On a node that joined a multi-node launch, wait for the whole world (torch's
+        rendezvous): the head sends the schedule's shift once every node has joined."""
+        go_fd = self.cfg.get("go_fd")
+        if go_fd is not None:
+            self.rt.wait([go_fd])
+            shift = os.read(go_fd, 64)
+            if not shift:  # the node is gone, and PR_SET_PDEATHSIG with it
+                self.rt.forever()
+            self.clock.shift = float(shift)
 
     def _init_model_runner(self) -> None:
         """Import the model file, as the model runner does (a real SyntaxError if it is broken)."""

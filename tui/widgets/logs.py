@@ -34,9 +34,15 @@ _ERROR_RE = re.compile(r"^(Traceback \(most recent call last\)|\w*(Error|Excepti
 
 @dataclass
 class NeedOlder(Message):
-    """Scrolled past the oldest line held: the page before byte `before`, please."""
+    """Scrolled past the oldest line held: the page before byte `before`, please (the view
+    says whose log: the fleet holds one per member)."""
 
     before: int
+    view: LogView
+
+    @property
+    def control(self) -> LogView:
+        return self.view
 
 
 def _coloured(raw: str, plain: str) -> Text:
@@ -189,7 +195,7 @@ class LogView(ScrollView, can_focus=True):
         start = self.window.start
         if int(self.scroll_y) == 0 and start > 0 and self._asked_before != start:
             self._asked_before = start
-            self.post_message(NeedOlder(start))
+            self.post_message(NeedOlder(start, self))
 
     def on_mouse_scroll_up(self, event: MouseScrollUp) -> None:
         """The wheel up holds the view (and loads older lines at the top), as the keys do."""

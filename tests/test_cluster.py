@@ -1,0 +1,199 @@
+"""Multi-host launches (issue 8): the `[[hosts]]` schema, the members and their command lines,
+and a two-host run of the simulated engine where the head is this machine ("local") and the
+worker host is the in-process SSH server (the lab lane repeats this over real sshd hosts)."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import carriers, free_port, sim_server
+from sshserver import SSHTestServer
+from test_app import first_death
+from test_bad_input import _opener
+
+from tui.core.cluster import members
+from tui.core.errors import ProfileError
+from tui.core.profile import loads_profile
+from tui.core.state import Ready
+from tui.group import ClusterRun, Joined, MemberEvent, RunDied
+
+HOSTS = """\
+[[hosts]]
+role = "head"
+target = "gpu-a"
+address = "10.0.0.1"
+
+[[hosts]]
+role = "worker"
+target = "gpu-b"
+jump = "gpu-a"
+"""
+SERVER = """
+[server]
+engine = "vllm"
+model = "/models/Kimi-K2.5"
+tensor_parallel_size = 16
+args = ["--max-model-len", "$(touch /tmp/pwned)"]
+"""
+
+
+def _load(text: str) -> Any:
+    return loads_profile(text, "/p/multi.toml", environ={})
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (HOSTS + SERVER, "cluster: several hosts need a [cluster] table"),
+    ('[host]\ntarget = "a"\n[cluster]\nbackend = "ray"\n' + SERVER,
+     "cluster: [cluster] needs several hosts"),
+    (HOSTS.replace('role = "worker"', 'role = "head"') + '[cluster]\nbackend = "ray"\n' + SERVER,
+     'exactly one host must have role = "head", found 2'),
+    (HOSTS.replace('role = "worker"', 'role = "wroker"') + SERVER,
+     "multi.toml:7: hosts[1].role: unknown value 'wroker' (did you mean 'worker'?)"),
+    (HOSTS.replace('"gpu-b"', '"gpu-a"') + '[cluster]\nbackend = "ray"\n' + SERVER,
+     "hosts[1].target: host 'gpu-a' is listed twice"),
+    (HOSTS + '[cluster]\nbackend = "native"\n' + SERVER.replace("16", "3"),
+     "tensor_parallel_size 3 does not split over 2 hosts"),
+    (HOSTS + '[cluster]\nbackend = "slurm"\n' + SERVER,
+     "cluster.backend: unknown value 'slurm'"),
+    (HOSTS + '[cluster]\nbackend = "ray"\n' + SERVER + '[simulate]\nfault_host = "gpu-c"\n',
+     "simulate.fault_host: unknown host 'gpu-c' (did you mean 'gpu-b'?); the hosts are: "
+     "gpu-a, gpu-b"),
+    (SERVER, "missing required table 'host' (or [[hosts]] for several)"),
+    (HOSTS + '[cluster]\nbackend = "ray"\n' + SERVER.replace('"vllm"', '"sglang"'),
+     "server.engine: several hosts are launched with vLLM's multi-node shapes only"),
+])
+def test_bad_multi_host_profiles_are_one_line(text: str, message: str) -> None:
+    with pytest.raises(ProfileError) as caught:
+        _load(text)
+    said = str(caught.value)
+    assert "\n" not in said
+    assert all(part in said for part in message.split("...")), said
+
+
+def test_ray_members_start_the_head_then_the_nodes_then_the_server() -> None:
+    profile = _load(HOSTS + '[cluster]\nbackend = "ray"\nray = ["/opt/ray/bin/ray"]\n' + SERVER)
+    assert profile.host.target == "gpu-a"
+    got = [(m.name, m.host, m.joined is not None, m.profile.server.command)
+           for m in members(profile)]
+    assert got[0] == ("ray-head", "gpu-a", True, (
+        "/opt/ray/bin/ray", "start", "--head", "--port=6379", "--node-ip-address=10.0.0.1",
+        "--block"))
+    assert got[1] == ("ray-node-1", "gpu-b", True, (
+        "/opt/ray/bin/ray", "start", "--address=10.0.0.1:6379", "--node-ip-address=gpu-b",
+        "--block"))
+    name, host, waits, argv = got[2]
+    assert (name, host, waits) == ("server", "gpu-a", False)
+    assert argv[:3] == ("vllm", "serve", "/models/Kimi-K2.5")
+    assert argv[-2:] == ("--distributed-executor-backend", "ray")
+    assert "$(touch /tmp/pwned)" in argv  # an argv word, quoted by shlex on the way out
+    assert "'$(touch /tmp/pwned)'" in shlex.join(argv)
+    server = members(profile)[2].profile
+    assert server.server.env["RAY_ADDRESS"] == "10.0.0.1:6379"
+    assert server.name == "multi" and members(profile)[0].profile.name == "multi.ray-head"
+    # only the server's member checks the server's port; the head's Ray checks its own
+    ports = [(m.profile.server.port, m.profile.preflight.port_free) for m in members(profile)]
+    assert ports == [(6379, True), (8000, False), (8000, True)]
+
+
+def test_native_members_rank_the_hosts_and_the_others_run_headless() -> None:
+    profile = _load(HOSTS + '[cluster]\nbackend = "native"\nport = 29600\n' + SERVER)
+    head, node = members(profile)
+    tail = ["--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.1",
+            "--master-port", "29600"]
+    assert list(head.profile.server.command[-8:]) == tail
+    assert list(node.profile.server.command[-9:]) == [*tail[:3], "1", *tail[4:], "--headless"]
+    assert head.joined is None and node.joined is not None
+    assert node.joined.search("(Worker_TP8 pid=4242) INFO 12-04 10:00:00 ...")
+    assert node.profile.host.jump == "gpu-a"
+    assert head.profile.server.tensor_parallel_size == 8  # per host, for preflight's GPU count
+
+
+ClusterFactory = Callable[..., Path]
+
+
+@pytest.fixture
+def two_hosts(tmp_path: Path, ssh_server: SSHTestServer) -> ClusterFactory:
+    """factory(backend, scenario, fault_host) -> a TP 8 simulated profile over "local" (head)
+    and the SSH server (worker host), both at 127.0.0.1, 4 fake GPUs each."""
+    def make(backend: str, scenario: str = "ready", fault_host: str | None = None) -> Path:
+        hosts = ""
+        for target, role in (("local", "head"), (ssh_server.alias, "worker")):
+            hosts += (f'[[hosts]]\nrole = "{role}"\ntarget = "{target}"\n'
+                      f'address = "127.0.0.1"\npython = "{sys.executable}"\n'
+                      f'runs_dir = "{tmp_path / "runs"}"\n')
+        fault = f'fault_host = "{fault_host}"\n' if fault_host else ""
+        path = tmp_path / f"two-{backend}.toml"
+        path.write_text(f'{hosts}\n[cluster]\nbackend = "{backend}"\nport = {free_port()}\n'
+                        f'join_timeout = "30s"\n'
+                        f'{sim_server(tmp_path, scenario, 300.0, gpus=4)}{fault}')
+        return path
+    return make
+
+
+async def _until(events: asyncio.Queue[Any], check: Callable[[Any], bool], timeout: float,
+                 seen: list[Any]) -> Any:
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            event = await asyncio.wait_for(events.get(), left)
+        except asyncio.TimeoutError:
+            break
+        seen.append(event)
+        if check(event):
+            return event
+    raise AssertionError(f"not seen within {timeout:g}s: {[type(e).__name__ for e in seen]}")
+
+
+@pytest.mark.parametrize("backend", ["native", "ray"])
+async def test_two_hosts_reach_ready_in_order_and_kill_leaves_nothing(
+        two_hosts: ClusterFactory, ssh_server: SSHTestServer, cleanup: list[str],
+        backend: str) -> None:
+    group = ClusterRun(loads_profile(two_hosts(backend).read_text(), f"two-{backend}.toml"),
+                       opener=_opener(ssh_server))
+    events = group.subscribe()
+    seen: list[Any] = []
+    try:
+        await group.start()
+        cleanup.extend(s.run.run_id for s in group.sups.values() if s.run is not None)
+        await _until(events, lambda e: isinstance(e, MemberEvent) and e.member == "server"
+                     and isinstance(e.event, Ready), 60, seen)
+        joined = [e.member for e in seen if isinstance(e, Joined)]
+        assert joined == (["ray-head", "ray-node-1"] if backend == "ray" else ["node-1"])
+        assert not any(isinstance(e, RunDied) for e in seen)
+        runs = [s.run.run_id for s in group.sups.values() if s.run is not None]
+        assert len(runs) == len(group.parts) and all(carriers(r) for r in runs)
+        killed = await group.kill(grace=2)
+        assert not any(k.remaining for k in killed.values())
+        assert not any(carriers(r) for r in runs)
+    finally:
+        await group.close()
+
+
+async def test_a_death_on_the_worker_host_is_the_runs_death_with_its_cause(
+        tmp_path: Path, two_hosts: ClusterFactory, ssh_server: SSHTestServer,
+        cleanup: list[str]) -> None:
+    path = two_hosts("native", "syntax-error", fault_host=ssh_server.alias)
+    group = ClusterRun(loads_profile(path.read_text(), str(path)), opener=_opener(ssh_server))
+    events = group.subscribe()
+    seen: list[Any] = []
+    try:
+        await group.start()
+        cleanup.extend(s.run.run_id for s in group.sups.values() if s.run is not None)
+        died = await _until(events, lambda e: isinstance(e, RunDied), 60, seen)
+        latency = time.time() - first_death(tmp_path / "gpus" / ssh_server.alias)["time"]
+        assert (died.member, died.host) == ("node-1", ssh_server.alias)
+        assert latency < 1.0, f"the run's death said {latency:.2f}s after the worker's"
+        await asyncio.sleep(0.8)
+        found = group.death()
+        assert found is not None and found[0].host == ssh_server.alias
+        assert found[1].cause is not None and "SyntaxError" in found[1].cause.line, found
+        await group.kill(grace=2)
+    finally:
+        await group.close()

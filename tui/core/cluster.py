@@ -1,0 +1,158 @@
+"""A launch that spans several hosts, as the ordered members that start it.
+
+vLLM runs on several nodes in two shapes: a Ray cluster (`ray start --head` on the head host,
+`ray start --address` on the others, then `vllm serve ... --distributed-executor-backend ray` on
+the head) or its own multi-node launch (`vllm serve --nnodes N --node-rank R --master-addr A`, the
+other nodes `--headless`). Each member is one process tree on one host, launched and watched like
+a single-host run (its own derived Profile), in the order given here; a member with a `joined`
+pattern must print it before the next member starts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import PurePosixPath
+
+from tui.core.command import build_server_argv, host_python
+from tui.core.errors import ProfileError
+from tui.core.profile import NodeConfig, Profile
+
+RAY_JOINED = re.compile(r"Ray runtime started")
+# a headless node has joined once its workers run: their first line carries their prefix
+HEADLESS_JOINED = re.compile(r"\((?:Worker|VllmWorker)\S* pid=\d+\)")
+SERVER = "server"
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One process tree of the launch on one host."""
+
+    name: str  # "ray-head", "ray-node-1", "node-1", "server"
+    node: NodeConfig
+    profile: Profile  # a single-host profile whose command is this member's
+    joined: re.Pattern[str] | None = None  # None: nothing waits for it (the server)
+
+    @property
+    def serves(self) -> bool:
+        """The member whose READY is the run's READY (its health and smoke are the run's)."""
+        return self.name == SERVER
+
+    @property
+    def host(self) -> str:
+        return self.node.host.target
+
+
+def is_cluster(profile: Profile) -> bool:
+    return profile.cluster is not None and len(profile.nodes) > 1
+
+
+def members(profile: Profile) -> list[Member]:
+    """The members in launch order (kill goes the other way round)."""
+    cluster = profile.cluster
+    assert cluster is not None and profile.nodes, "members() is for [[hosts]] profiles"
+    head, others = profile.nodes[0], profile.nodes[1:]
+    port = cluster.rendezvous_port
+    address = head.reached_at
+    if cluster.backend == "ray":
+        ray_at = f"{address}:{port}"
+        out = [Member("ray-head", head, _node_profile(profile, head, "ray-head", _ray(
+            profile, head, ["--head", f"--port={port}"]), port), RAY_JOINED)]
+        out += [Member(f"ray-node-{i}", node, _node_profile(profile, node, f"ray-node-{i}", _ray(
+            profile, node, [f"--address={ray_at}"]), None), RAY_JOINED)
+                for i, node in enumerate(others, 1)]
+        server = _server_argv(profile, head, ["--distributed-executor-backend", "ray"])
+        out.append(Member(SERVER, head, _server_profile(profile, head, server,
+                                                        {"RAY_ADDRESS": ray_at})))
+        return out
+    n = len(profile.nodes)
+
+    def ranked(node: NodeConfig, rank: int) -> list[str]:
+        return ["--nnodes", str(n), "--node-rank", str(rank), "--master-addr", address,
+                "--master-port", str(port)]
+
+    out = [Member(SERVER, head, _server_profile(profile, head, _server_argv(
+        profile, head, ranked(head, 0)), {}))]
+    out += [Member(f"node-{i}", node, _node_profile(profile, node, f"node-{i}", _server_argv(
+        profile, node, [*ranked(node, i), "--headless"]), None), HEADLESS_JOINED)
+            for i, node in enumerate(others, 1)]
+    return out
+
+
+def member_profile(profile: Profile, name: str) -> Profile:
+    """One member's own profile (its log, its runs), or one line naming the members."""
+    found = {m.name: m for m in members(profile)}
+    if name not in found:
+        raise ProfileError(profile.path, f"no member {name!r} in this launch; its members: "
+                           f"{', '.join(found)}", key="cluster")
+    return found[name].profile
+
+
+def _scenario(profile: Profile, node: NodeConfig) -> str | None:
+    """The simulated scenario this host plays: every host the profile's, or only fault_host's
+    (the others run "ready")."""
+    sim = profile.simulate
+    if sim is None:
+        return None
+    if sim.fault_host is None:
+        return sim.scenario
+    return sim.scenario if sim.fault_host == node.host.target else "ready"
+
+
+def _on_host(profile: Profile, node: NodeConfig) -> Profile:
+    """The profile as seen from one host: its host table, its own fake GPUs (the lab's hosts
+    share one filesystem, real ones do not mind a subdirectory), its scenario."""
+    sim = profile.simulate
+    if sim is not None:
+        base = PurePosixPath(sim.gpu_state or "~/.specconsole/sim-gpus")
+        sim = replace(sim, gpu_state=str(base / _safe(node.host.target)),
+                      scenario=_scenario(profile, node) or sim.scenario)
+    return replace(profile, host=node.host, simulate=sim, nodes=(), cluster=None)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip(".") or "host"
+
+
+def _server_argv(profile: Profile, node: NodeConfig, extra: list[str]) -> tuple[str, ...]:
+    """`vllm serve ...` (or the simulated engine) with the multi-node arguments added."""
+    local = _on_host(profile, node)
+    argv = build_server_argv(local, host_python(local))
+    if profile.simulate is None:
+        return (*argv, *extra)
+    sim_at = argv.index("--sim-scenario")  # the engine's own options before the simulation's
+    return (*argv[:sim_at], *extra, *argv[sim_at:])
+
+
+def _ray(profile: Profile, node: NodeConfig, how: list[str]) -> tuple[str, ...]:
+    """`ray start ... --block` on a host (the simulated Ray when the profile simulates)."""
+    local = _on_host(profile, node)
+    sim = local.simulate
+    assert profile.cluster is not None
+    own = [*how, f"--node-ip-address={node.reached_at}"]
+    if sim is None:
+        return (*profile.cluster.ray, "start", *own, "--block")
+    argv = [host_python(local), "-m", "tui.sim.ray", "start", *own, "--num-gpus", str(sim.gpus),
+            "--block", "--sim-gpu-state", str(sim.gpu_state)]
+    if profile.simulate is not None and profile.simulate.fault_host is not None:
+        argv += ["--sim-scenario", sim.scenario]
+    return tuple(argv)
+
+
+def _server_profile(profile: Profile, node: NodeConfig, argv: tuple[str, ...],
+                    env: dict[str, str]) -> Profile:
+    local = _on_host(profile, node)
+    per_host = max(1, profile.server.tensor_parallel_size // len(profile.nodes))
+    return replace(local, server=replace(local.server, command=argv, env={
+        **local.server.env, **env}, tensor_parallel_size=per_host))
+
+
+def _node_profile(profile: Profile, node: NodeConfig, name: str, argv: tuple[str, ...],
+                  port: int | None) -> Profile:
+    """A member that serves nothing itself: named after the run, its preflight checks the
+    GPUs (and the rendezvous port on the head), never the server's port."""
+    local = _server_profile(profile, node, argv, {})
+    preflight = replace(local.preflight, port_free=port is not None and local.preflight.port_free)
+    return replace(local, name=f"{profile.name}.{name}", preflight=preflight,
+                   server=replace(local.server, port=port or local.server.port),
+                   smoke=replace(local.smoke, enabled=False))

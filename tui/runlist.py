@@ -1,0 +1,117 @@
+"""`specconsole status`: a line per run and per host (profile, host, run id, state, phase, age).
+
+Each host is asked for its run directories through the agent, and the phase a run reached is
+read from the head and tail of its log (a long-serving server's middle is request lines). Hosts
+are asked at once; a host that cannot be reached is one line saying so, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from tui.core.describe import duration
+from tui.core.errors import SpecconsoleError
+from tui.core.explain import explain
+from tui.core.logline import strip_escapes
+from tui.core.protocol import RunRecord
+from tui.remote import launcher
+from tui.remote.session import Session
+from tui.runs import Member, Run
+
+HEAD_BYTES = 512 * 1024  # the startup: where the phases are
+TAIL_BYTES = 256 * 1024  # the latest lines: the phase a launch still in progress is in
+NEWEST = 10  # runs listed for one profile named on the command line
+
+
+@dataclass(frozen=True, slots=True)
+class RunLine:
+    """One line of the listing; `run_id` empty: the host had none, or `problem` says why not."""
+
+    profile: str
+    host: str
+    run_id: str = ""
+    state: str = ""
+    phase: str = ""
+    age: str = ""
+    problem: str = ""
+
+
+def run_state(alive: bool, exit_info: dict[str, Any] | None) -> str:
+    if alive:
+        return "alive"
+    if exit_info:
+        if exit_info.get("signal") is not None:
+            return f"exited (signal {exit_info['signal']})"
+        return f"exited (code {exit_info.get('code')})"
+    return "gone"
+
+
+def chosen(records: Sequence[RunRecord], every: bool) -> list[RunRecord]:
+    """The runs worth a line (newest first): a profile's newest few when it was named, else
+    every live run and the newest one, however it ended."""
+    if every:
+        return list(records[:NEWEST])
+    return [r for i, r in enumerate(records) if r.alive or i == 0]
+
+
+def format_lines(lines: Sequence[RunLine]) -> list[str]:
+    """Aligned columns, plain text (profiles, hosts and run ids never drive the terminal)."""
+    clean = [replace(line, **{f.name: strip_escapes(getattr(line, f.name))
+                              for f in fields(RunLine)}) for line in lines]
+    widths = {name: max((len(getattr(line, name)) for line in clean), default=0)
+              for name in ("profile", "host", "state", "phase")}
+    out = []
+    for line in clean:
+        head = f"{line.profile:<{widths['profile']}} {line.host:<{widths['host']}}"
+        if line.problem:
+            out.append(f"{head} {line.problem}")
+        elif not line.run_id:
+            out.append(f"{head} no runs")
+        else:
+            out.append(f"{head} {line.run_id} {line.state:<{widths['state']}} "
+                       f"{line.phase:<{widths['phase']}} {line.age}".rstrip())
+    return out
+
+
+async def phase_of(session: Session, record: RunRecord, engine: str) -> str:
+    """The furthest phase the run's log shows, by the engine's phase rules; `—` when none."""
+    log = f"{record.run_dir}/server.log"
+    head = await session.run(["head", "-c", str(HEAD_BYTES), log])
+    tail = await session.run(["tail", "-c", str(TAIL_BYTES), log])
+    text = head.stdout.decode("utf-8", "replace").splitlines()
+    if len(head.stdout) >= HEAD_BYTES:  # more than the head: its tail too, from a whole line
+        text += tail.stdout.decode("utf-8", "replace").splitlines()[1:]
+    phase = explain(text, engine).last_phase
+    return phase.label if phase is not None else "—"
+
+
+async def member_lines(name: str, member: Member, every: bool, now: float) -> list[RunLine]:
+    sup = member.sup
+    host = member.host if member.role == "server" else f"{member.host} {member.role}"
+    try:
+        session = await sup.connect()
+        records = await launcher.list_runs(session, sup.profile)
+        lines = [RunLine(name, host, r.run_id, run_state(r.alive, r.exit),
+                         await phase_of(session, r, sup.profile.server.engine),
+                         duration(max(0.0, now - r.started)) if r.started else "—")
+                 for r in chosen(records, every)]
+    except SpecconsoleError as exc:  # "host unreachable: …", "authentication refused: …"
+        return [RunLine(name, host, problem=f"{exc.title}: {exc}")]
+    except OSError as exc:
+        return [RunLine(name, host, problem=f"cannot be reached: {exc}")]
+    finally:
+        await sup.close()
+    return lines or [RunLine(name, host)]
+
+
+async def status_lines(runs: Sequence[Run], *, every: bool) -> tuple[list[str], bool]:
+    """Every member of every run, asked at once; False when a host could not be reached."""
+    now = time.time()
+    found = await asyncio.gather(*(member_lines(run.name, m, every, now)
+                                   for run in runs for m in run.members))
+    lines = [line for group in found for line in group]
+    return format_lines(lines), not any(line.problem for line in lines)
