@@ -13,16 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import carriers, free_port, sim_server
+from helpers import carriers, free_port, sim_server, until
 from sshserver import SSHTestServer
-from test_app import first_death
+from test_app import fake_tmux, first_death, tmux_calls
 from test_bad_input import _opener
 
+from tui.app import ConsoleApp
 from tui.core.cluster import members
 from tui.core.errors import ProfileError
 from tui.core.profile import loads_profile
 from tui.core.state import Ready
 from tui.group import ClusterRun, Joined, MemberEvent, RunDied
+from tui.widgets.fleet import FleetTable
 
 HOSTS = """\
 [[hosts]]
@@ -197,3 +199,35 @@ async def test_a_death_on_the_worker_host_is_the_runs_death_with_its_cause(
         await group.kill(grace=2)
     finally:
         await group.close()
+
+
+async def test_the_console_holds_a_two_host_run_as_one_run_with_a_row_per_host(
+        tmp_path: Path, two_hosts: ClusterFactory, ssh_server: SSHTestServer,
+        cleanup: list[str]) -> None:
+    path = two_hosts("ray", "syntax-error", fault_host=ssh_server.alias)
+    group = ClusterRun(loads_profile(path.read_text(), str(path)), opener=_opener(ssh_server))
+    env, record = fake_tmux(tmp_path)
+    app = ConsoleApp([group], env=env, kill_grace=1.0)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await until(pilot, lambda: group.died is not None, 60, "the run's death")
+        cleanup.extend(s.run.run_id for s in group.sups.values() if s.run is not None)
+        table = app.query_one(FleetTable)
+        cells = [[table.get_cell(f"member-{i}", c).plain for c in ("run / host", "role")]
+                 for i in range(3)]
+        assert cells == [["  └ local", "ray-head"], [f"  └ {ssh_server.alias}", "ray-node-1"],
+                         ["  └ local", "server"]], cells
+        await until(pilot, lambda: table.get_cell("member-1", "state").plain == "DEAD"
+                    and "SyntaxError" in table.get_cell("member-1", "alert").plain, 10,
+                    "the worker host's row DEAD with its cause")
+        assert table.get_cell("run-0", "state").plain == "DEAD"
+        await until(pilot, lambda: any("DEAD" in " ".join(c) for c in tmux_calls(record)), 5,
+                    "the tmux window says DEAD")
+        await pilot.press("down", "down", "enter")  # the worker host's panes
+        assert app.sup is group.sups["ray-node-1"]
+        assert any("RayWorkerWrapper" in e.line.plain for e in app.window.view(raw=True))
+        await pilot.press("escape", "k")
+        await pilot.press("y")
+        await until(pilot, lambda: all(s.machine.state.value == "stopped"
+                                       for s in group.sups.values() if s.run is not None), 30,
+                    "every host killed")
+        assert not any(carriers(r) for r in cleanup)

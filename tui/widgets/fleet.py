@@ -15,7 +15,7 @@ from textual.widgets import DataTable
 from tui.core.logline import strip_escapes
 from tui.core.state import State
 
-COLUMNS = (("run / host", 18), ("role", 7), ("state", 9), ("phase", 26), ("GPUs", 16),
+COLUMNS = (("run / host", 18), ("role", 10), ("state", 9), ("phase", 24), ("GPUs", 16),
            ("alert", None))  # the alert takes what is left: 32 columns at 120
 # the banner's colours: DEAD red, STALLED (and a kill under way) amber, READY green
 STATE_STYLES = {State.DEAD: "bold red", State.STALLED: "bold #ffaf00",
