@@ -163,3 +163,21 @@ async def until(pilot: Pilot[Any], check: Callable[[], object], timeout: float =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
         await pilot.pause(0.02)
+
+
+async def until_event(events: asyncio.Queue[Any], check: Callable[[Any], bool], timeout: float,
+                      what: str = "", seen: list[Any] | None = None) -> Any:
+    """The first event from `events` that passes `check` (each one read is kept in `seen`),
+    or an AssertionError naming `what` and what came instead."""
+    seen = [] if seen is None else seen
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            event = await asyncio.wait_for(events.get(), left)
+        except asyncio.TimeoutError:
+            break
+        seen.append(event)
+        if check(event):
+            return event
+    raise AssertionError(f"no {what or 'such event'} within {timeout:g}s; seen: "
+                         f"{[type(e).__name__ for e in seen[-20:]]}")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import carriers, free_port, sim_server, until
+from helpers import carriers, free_port, sim_server, until, until_event
 from sshserver import SSHTestServer
 from test_app import fake_tmux, first_death, tmux_calls
 from test_bad_input import _opener
@@ -139,38 +139,43 @@ def two_hosts(tmp_path: Path, ssh_server: SSHTestServer) -> ClusterFactory:
     return make
 
 
-async def _until(events: asyncio.Queue[Any], check: Callable[[Any], bool], timeout: float,
-                 seen: list[Any]) -> Any:
-    deadline = time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            event = await asyncio.wait_for(events.get(), left)
-        except asyncio.TimeoutError:
-            break
-        seen.append(event)
-        if check(event):
-            return event
-    raise AssertionError(f"not seen within {timeout:g}s: {[type(e).__name__ for e in seen]}")
+def _group(path: Path, server: SSHTestServer) -> ClusterRun:
+    return ClusterRun(loads_profile(path.read_text(), str(path)), opener=_opener(server))
+
+
+async def _start(group: ClusterRun, cleanup: list[str]) -> None:
+    """Start every member; each member's run is killed after the test, whatever happens."""
+    try:
+        await group.start()
+    finally:
+        cleanup.extend(s.run.run_id for s in group.sups.values() if s.run is not None)
 
 
 @pytest.mark.parametrize("backend", ["native", "ray"])
 async def test_two_hosts_reach_ready_in_order_and_kill_leaves_nothing(
         two_hosts: ClusterFactory, ssh_server: SSHTestServer, cleanup: list[str],
         backend: str) -> None:
-    group = ClusterRun(loads_profile(two_hosts(backend).read_text(), f"two-{backend}.toml"),
-                       opener=_opener(ssh_server))
+    group = _group(two_hosts(backend), ssh_server)
     events = group.subscribe()
     seen: list[Any] = []
     try:
-        await group.start()
-        cleanup.extend(s.run.run_id for s in group.sups.values() if s.run is not None)
-        await _until(events, lambda e: isinstance(e, MemberEvent) and e.member == "server"
-                     and isinstance(e.event, Ready), 60, seen)
+        await _start(group, cleanup)
+        await until_event(events, lambda e: isinstance(e, MemberEvent) and e.member == "server"
+                          and isinstance(e.event, Ready), 60, "READY", seen)
         joined = [e.member for e in seen if isinstance(e, Joined)]
         assert joined == (["ray-head", "ray-node-1"] if backend == "ray" else ["node-1"])
         assert not any(isinstance(e, RunDied) for e in seen)
         runs = [s.run.run_id for s in group.sups.values() if s.run is not None]
         assert len(runs) == len(group.parts) and all(carriers(r) for r in runs)
+        if backend == "native":  # restart: every host killed, then launched again, in order
+            await group.restart(grace=2)
+            assert not any(carriers(r) for r in runs)
+            runs = [s.run.run_id for s in group.sups.values() if s.run is not None]
+            cleanup.extend(runs)
+            assert len(runs) == len(group.parts) and all(carriers(r) for r in runs)
+            await until_event(events, lambda e: isinstance(e, MemberEvent)
+                              and e.member == "server" and isinstance(e.event, Ready), 60,
+                              "READY again", seen)
         killed = await group.kill(grace=2)
         assert not any(k.remaining for k in killed.values())
         assert not any(carriers(r) for r in runs)
@@ -181,14 +186,11 @@ async def test_two_hosts_reach_ready_in_order_and_kill_leaves_nothing(
 async def test_a_death_on_the_worker_host_is_the_runs_death_with_its_cause(
         tmp_path: Path, two_hosts: ClusterFactory, ssh_server: SSHTestServer,
         cleanup: list[str]) -> None:
-    path = two_hosts("native", "syntax-error", fault_host=ssh_server.alias)
-    group = ClusterRun(loads_profile(path.read_text(), str(path)), opener=_opener(ssh_server))
+    group = _group(two_hosts("native", "syntax-error", fault_host=ssh_server.alias), ssh_server)
     events = group.subscribe()
-    seen: list[Any] = []
     try:
-        await group.start()
-        cleanup.extend(s.run.run_id for s in group.sups.values() if s.run is not None)
-        died = await _until(events, lambda e: isinstance(e, RunDied), 60, seen)
+        await _start(group, cleanup)
+        died = await until_event(events, lambda e: isinstance(e, RunDied), 60, "the death")
         latency = time.time() - first_death(tmp_path / "gpus" / ssh_server.alias)["time"]
         assert (died.member, died.host) == ("node-1", ssh_server.alias)
         assert latency < 1.0, f"the run's death said {latency:.2f}s after the worker's"
@@ -204,8 +206,7 @@ async def test_a_death_on_the_worker_host_is_the_runs_death_with_its_cause(
 async def test_the_console_holds_a_two_host_run_as_one_run_with_a_row_per_host(
         tmp_path: Path, two_hosts: ClusterFactory, ssh_server: SSHTestServer,
         cleanup: list[str]) -> None:
-    path = two_hosts("ray", "syntax-error", fault_host=ssh_server.alias)
-    group = ClusterRun(loads_profile(path.read_text(), str(path)), opener=_opener(ssh_server))
+    group = _group(two_hosts("ray", "syntax-error", fault_host=ssh_server.alias), ssh_server)
     env, record = fake_tmux(tmp_path)
     app = ConsoleApp([group], env=env, kill_grace=1.0)
     async with app.run_test(size=(160, 45)) as pilot:

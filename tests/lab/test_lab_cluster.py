@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import carriers, free_port, sim_server
+from helpers import carriers, free_port, sim_server, until_event
 from test_app import first_death
 
 from lab.conftest import _toml
@@ -59,21 +59,6 @@ join_timeout = "60s"
     return make
 
 
-async def _until(events: asyncio.Queue[Any], check: Callable[[Any], bool], timeout: float,
-                 what: str, seen: list[Any] | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            event = await asyncio.wait_for(events.get(), left)
-        except asyncio.TimeoutError:
-            break
-        if seen is not None:
-            seen.append(event)
-        if check(event):
-            return event
-    raise AssertionError(f"no {what} within {timeout:g}s")
-
-
 def _ready(event: Any) -> bool:
     return (isinstance(event, MemberEvent) and event.member == "server"
             and isinstance(event.event, Ready))
@@ -98,7 +83,7 @@ async def test_two_host_launch_reaches_ready_and_kill_leaves_nothing(
     seen: list[Any] = []
     try:
         await group.start()
-        await _until(events, _ready, 90, "READY from the head's server", seen)
+        await until_event(events, _ready, 90, "READY from the head's server", seen)
         joins = [e for e in seen if isinstance(e, Joined)]
         assert [(j.host, j.member) for j in joins] == [
             (group.part(m).host, m) for m in members.values() if m != "server"], joins
@@ -139,7 +124,7 @@ async def test_a_worker_dying_on_the_second_host_is_the_runs_death_within_1s(
     events = group.subscribe()
     try:
         await group.start()
-        died = await _until(events, lambda e: isinstance(e, RunDied), 90, "the run's death")
+        died = await until_event(events, lambda e: isinstance(e, RunDied), 90, "the death")
         seen = time.time()
         stamp = first_death(_gpu_dir(tmp_path, lab, "gpu-b"))
         assert seen - stamp["time"] < 1.0, f"DEAD {seen - stamp['time']:.2f}s after the death"
@@ -170,14 +155,14 @@ async def test_the_second_host_losing_its_link_is_that_host_lost_not_a_death(
         await group.start()
         lab.link_down("gpu-b")
         down = time.monotonic()
-        lost = await _until(events, lambda e: isinstance(e, MemberEvent)
-                            and isinstance(e.event, LinkLost), 8, "gpu-b lost", seen)
+        lost = await until_event(events, lambda e: isinstance(e, MemberEvent)
+                                 and isinstance(e.event, LinkLost), 8, "gpu-b lost", seen)
         assert lost.host == lab.address("gpu-b") and time.monotonic() - down < 6
         await asyncio.sleep(max(0.0, 8 - (time.monotonic() - down)))
         lab.link_up("gpu-b")
-        await _until(events, lambda e: isinstance(e, MemberEvent)
-                     and isinstance(e.event, LinkRestored), 30, "gpu-b back", seen)
-        await _until(events, _ready, 90, "READY after the outage", seen)
+        await until_event(events, lambda e: isinstance(e, MemberEvent)
+                          and isinstance(e.event, LinkRestored), 30, "gpu-b back", seen)
+        await until_event(events, _ready, 90, "READY after the outage", seen)
         assert not any(isinstance(e, RunDied) for e in seen), "a lost link is not a death"
         assert not any(isinstance(e, MemberEvent) and isinstance(e.event, LinkLost)
                        and e.host != lab.address("gpu-b") for e in seen)
