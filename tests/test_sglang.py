@@ -5,23 +5,20 @@ the real Supervisor on it, locally and over SSH."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 from helpers import alive, free_port, next_event, wait_for
+from test_sim import Sim as VLLMSim
+from test_sim import check_sequences, in_order
 
 from tui.core.command import build_server_argv
 from tui.core.errors import ProfileError
@@ -404,39 +401,20 @@ def test_an_unknown_top_of_an_sglang_run_is_its_launcher() -> None:
 
 # -- the simulated SGLang: real processes ----------------------------------------------------
 
-SEQ = re.compile(r" \[sim#(\d+)\]$")
 TAGGED = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d( TP\d+)?\] ")
 
 
-class Sim:
+class Sim(VLLMSim):
     """One simulated SGLang, its log and its fake GPUs, in its own session."""
 
     def __init__(self, tmp: Path, scenario: str, scale: float, tp: int = 2) -> None:
-        self.port = free_port()
-        self.log_path = tmp / "server.log"
-        argv = [sys.executable, "-m", "tui.sim.engine", "--sim-engine", "sglang",
-                "--model-path", "/models/Kimi-K2.5", "--host", "0.0.0.0", "--port",
-                str(self.port), "--tp-size", str(tp), "--speculative-algorithm", "EAGLE3",
-                "--speculative-draft-model-path", "/models/Kimi-K2.5-eagle3",
-                "--sim-scenario", scenario, "--sim-time-scale", str(scale),
-                "--sim-gpus", str(tp), "--sim-gpu-state", str(tmp / "gpus")]
-        env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT)}
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, cwd=tmp, env=env,
-                                         start_new_session=True)
+        super().__init__(tmp, scenario, scale, tp, gpus=tp)
 
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def get(self, path: str) -> tuple[int | None, bytes]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
-                return r.status, r.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, b""
-        except OSError:
-            return None, b""
+    def server_args(self, tp: int) -> list[str]:
+        return ["--sim-engine", "sglang", "--model-path", "/models/Kimi-K2.5", "--host",
+                "0.0.0.0", "--port", str(self.port), "--tp-size", str(tp),
+                "--speculative-algorithm", "EAGLE3",
+                "--speculative-draft-model-path", "/models/Kimi-K2.5-eagle3"]
 
 
 @pytest.fixture
@@ -444,33 +422,14 @@ def sims(tmp_path: Path) -> Iterator[list[Sim]]:
     started: list[Sim] = []
     yield started
     for sim in started:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(sim.proc.pid, signal.SIGKILL)
-        sim.proc.wait()
+        sim.kill_group()
 
 
-def in_order(text: str, markers: list[str]) -> None:
-    at = 0
-    for marker in markers:
-        found = text.find(marker, at)
-        assert found >= 0, f"{marker!r} missing or out of order"
-        at = found + len(marker)
-
-
-def sequences(text: str) -> dict[str, list[int]]:
-    """Per process, the [sim#n] numbers must be 1..n: tagged lines are their scheduler's,
-    untagged `[stamp]` lines the launcher's, bare tqdm bars scheduler TP0's."""
-    seqs: dict[str, list[int]] = defaultdict(list)
-    for line in text.splitlines():
-        seq = SEQ.search(line)
-        if seq is None:
-            continue
-        head = TAGGED.match(line)
-        proc = (head.group(1) or "launcher") if head else " TP0"
-        seqs[proc].append(int(seq.group(1)))
-    for proc, numbers in seqs.items():
-        assert numbers == list(range(1, len(numbers) + 1)), proc
-    return seqs
+def sglang_proc(line: str) -> str:
+    """The process of an SGLang line: tagged lines are their scheduler's, untagged `[stamp]`
+    lines the launcher's, bare tqdm bars scheduler TP0's."""
+    head = TAGGED.match(line)
+    return (head.group(1) or "launcher") if head else " TP0"
 
 
 def test_sim_ready_serves_named_like_sglang_and_sigterm_ends_the_tree(
@@ -492,7 +451,7 @@ def test_sim_ready_serves_named_like_sglang_and_sigterm_ends_the_tree(
         f"] INFO:     Uvicorn running on http://0.0.0.0:{sim.port} (Press CTRL+C to quit)",
         "] The server is fired up and ready to roll!", " TP0] Decode batch. #running-req: "])
     assert '"POST /generate HTTP/1.1" 200 OK' in log and " TP1] Load weight end." in log
-    assert set(sequences(log)) == {"launcher", " TP0", " TP1"}
+    assert set(check_sequences(log, sglang_proc)) == {"launcher", " TP0", " TP1"}
 
     status, models = sim.get("/v1/models")
     assert status == 200 and json.loads(models)["data"][0]["owned_by"] == "sglang"
@@ -522,7 +481,7 @@ def test_sim_syntax_error_prints_the_sigquit_before_the_traceback(
     assert not (tmp_path / f"specconsole-sim-{sim.proc.pid}").exists()
     deaths = [json.loads(x) for x in (tmp_path / "gpus" / "deaths.jsonl").read_text().splitlines()]
     assert {d["name"] for d in deaths} <= {"scheduler_TP0", "scheduler_TP1"}
-    sequences(log)
+    check_sequences(log, sglang_proc)
 
 
 def test_sim_oom_keeps_sglangs_order_and_hang_freezes(sims: list[Sim], tmp_path: Path) -> None:

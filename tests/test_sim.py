@@ -43,21 +43,25 @@ PREFIX = re.compile(r"^\((\w+) pid=(\d+)\) ")
 
 
 class Sim:
-    """One simulated server, its log and its fake GPUs."""
+    """One simulated server, its log and its fake GPUs, in its own session."""
 
     def __init__(self, tmp_path: Path, scenario: str, scale: float, tp: int, gpus: int) -> None:
         self.port = free_port()
         self.state = tmp_path / "gpus"
         self.log_path = tmp_path / "server.log"
-        argv = [sys.executable, "-m", "tui.sim.engine", "serve", MODEL, "--port", str(self.port),
-                "--tensor-parallel-size", str(tp), "--speculative-config", json.dumps(SPEC),
-                "--trust-remote-code", "--sim-scenario", scenario, "--sim-time-scale", str(scale),
+        argv = [sys.executable, "-m", "tui.sim.engine", *self.server_args(tp),
+                "--sim-scenario", scenario, "--sim-time-scale", str(scale),
                 "--sim-gpus", str(gpus), "--sim-gpu-state", str(self.state)]
         env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, cwd=tmp_path, env=env,
                                          start_new_session=True)
+
+    def server_args(self, tp: int) -> list[str]:
+        """The engine's own arguments: vLLM's, on self.port."""
+        return ["serve", MODEL, "--port", str(self.port), "--tensor-parallel-size", str(tp),
+                "--speculative-config", json.dumps(SPEC), "--trust-remote-code"]
 
     def log(self) -> str:
         return self.log_path.read_text()
@@ -131,18 +135,24 @@ def gpu_holders(nvml: ModuleType) -> dict[int, tuple[int, list[tuple[int, int]]]
         nvml.nvmlShutdown()
 
 
-def check_sequences(text: str) -> dict[str, list[int]]:
-    """Per process, the [sim#n] numbers in file order must be exactly 1..n: nothing lost or
-    doubled. Unprefixed lines belong to the API server (uvicorn) or to Worker_TP0 (tqdm)."""
+def vllm_proc(line: str) -> str:
+    """The process of a vLLM line: its prefix's; unprefixed lines belong to the API server
+    (uvicorn) or to Worker_TP0 (tqdm)."""
+    prefix = PREFIX.match(line)
+    return prefix.group(1) if prefix else ("APIServer" if line.startswith("INFO:  ")
+                                           else "Worker_TP0")
+
+
+def check_sequences(text: str, proc_of: Callable[[str], str] = vllm_proc
+                    ) -> dict[str, list[int]]:
+    """Per process (`proc_of` a line), the [sim#n] numbers in file order must be exactly 1..n:
+    nothing lost or doubled."""
     seqs: dict[str, list[int]] = defaultdict(list)
     for line in text.splitlines():
         seq = SEQ.search(line)
         if seq is None:
             continue
-        prefix = PREFIX.match(line)
-        proc = prefix.group(1) if prefix else ("APIServer" if line.startswith("INFO:  ")
-                                               else "Worker_TP0")
-        seqs[proc].append(int(seq.group(1)))
+        seqs[proc_of(line)].append(int(seq.group(1)))
     for proc, numbers in seqs.items():
         assert numbers == list(range(1, len(numbers) + 1)), proc
     return seqs

@@ -75,15 +75,18 @@ def _gpu_dir(tmp: Path, lab: Lab, host: str) -> Path:
 
 @pytest.mark.parametrize("backend", ["ray", "native"])
 async def test_two_host_launch_reaches_ready_and_kill_leaves_nothing(
-        tmp_path: Path, lab: Lab, cluster_profile: ClusterFactory, backend: str) -> None:
+        tmp_path: Path, lab: Lab, cluster_profile: ClusterFactory, backend: str,
+        lab_figures: dict[str, Any]) -> None:
     path = cluster_profile(backend)
     members = RAY if backend == "ray" else NATIVE
     group = ClusterRun(load_profile(path))
     events = group.subscribe()
     seen: list[Any] = []
     try:
+        started = time.monotonic()
         await group.start()
         await until_event(events, _ready, 90, "READY from the head's server", seen)
+        ready_after = time.monotonic() - started
         joins = [e for e in seen if isinstance(e, Joined)]
         assert [(j.host, j.member) for j in joins] == [
             (group.part(m).host, m) for m in members.values() if m != "server"], joins
@@ -104,8 +107,13 @@ async def test_two_host_launch_reaches_ready_and_kill_leaves_nothing(
         waited = _cli("wait", str(path), "--timeout", "60s")
         assert waited.returncode == 0, waited.stdout + waited.stderr
         assert "attached to" in waited.stdout
+        killing = time.monotonic()
         killed = _cli("kill", str(path), "--grace", "3")
         assert killed.returncode == 0, killed.stdout + killed.stderr
+        lab_figures[f"two hosts, {backend}: ready, then kill"] = {
+            "joined_after_s": {j.member: round(j.after, 2) for j in joins},
+            "ready_after_s": round(ready_after, 1),
+            "kill_cli_s": round(time.monotonic() - killing, 1)}
         for host in ("gpu-a", "gpu-b"):
             assert f"{lab.address(host)} {members[host]}: no process of the run remains" \
                 in killed.stdout, killed.stdout
@@ -117,7 +125,8 @@ async def test_two_host_launch_reaches_ready_and_kill_leaves_nothing(
 
 @pytest.mark.parametrize("backend", ["native", "ray"])
 async def test_a_worker_dying_on_the_second_host_is_the_runs_death_within_1s(
-        tmp_path: Path, lab: Lab, cluster_profile: ClusterFactory, backend: str) -> None:
+        tmp_path: Path, lab: Lab, cluster_profile: ClusterFactory, backend: str,
+        lab_figures: dict[str, Any]) -> None:
     path = cluster_profile(backend, "syntax-error", fault_host="gpu-b")
     members = RAY if backend == "ray" else NATIVE
     group = ClusterRun(load_profile(path))
@@ -128,6 +137,8 @@ async def test_a_worker_dying_on_the_second_host_is_the_runs_death_within_1s(
         seen = time.time()
         stamp = first_death(_gpu_dir(tmp_path, lab, "gpu-b"))
         assert seen - stamp["time"] < 1.0, f"DEAD {seen - stamp['time']:.2f}s after the death"
+        lab_figures[f"two hosts, {backend}: worker on gpu-b dies"] = {
+            "run_dead_after_ms": round((seen - stamp["time"]) * 1000)}
         assert (died.host, died.member) == (lab.address("gpu-b"), members["gpu-b"])
         await asyncio.sleep(1.0)  # late lines name the cause
         found = group.death()
@@ -147,7 +158,8 @@ async def test_a_worker_dying_on_the_second_host_is_the_runs_death_within_1s(
 
 
 async def test_the_second_host_losing_its_link_is_that_host_lost_not_a_death(
-        tmp_path: Path, lab: Lab, cluster_profile: ClusterFactory) -> None:
+        tmp_path: Path, lab: Lab, cluster_profile: ClusterFactory,
+        lab_figures: dict[str, Any]) -> None:
     group = ClusterRun(load_profile(cluster_profile("native", time_scale=40.0)))
     events = group.subscribe()
     seen: list[Any] = []
@@ -157,11 +169,16 @@ async def test_the_second_host_losing_its_link_is_that_host_lost_not_a_death(
         down = time.monotonic()
         lost = await until_event(events, lambda e: isinstance(e, MemberEvent)
                                  and isinstance(e.event, LinkLost), 8, "gpu-b lost", seen)
-        assert lost.host == lab.address("gpu-b") and time.monotonic() - down < 6
+        lost_after = time.monotonic() - down
+        assert lost.host == lab.address("gpu-b") and lost_after < 6
         await asyncio.sleep(max(0.0, 8 - (time.monotonic() - down)))
         lab.link_up("gpu-b")
+        up = time.monotonic()
         await until_event(events, lambda e: isinstance(e, MemberEvent)
                           and isinstance(e.event, LinkRestored), 30, "gpu-b back", seen)
+        lab_figures["two hosts, native: gpu-b link down 8 s"] = {
+            "host_lost_after_s": round(lost_after, 1),
+            "back_after_link_up_s": round(time.monotonic() - up, 1)}
         await until_event(events, _ready, 90, "READY after the outage", seen)
         assert not any(isinstance(e, RunDied) for e in seen), "a lost link is not a death"
         assert not any(isinstance(e, MemberEvent) and isinstance(e.event, LinkLost)

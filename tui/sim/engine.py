@@ -60,7 +60,8 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def _positive(kind: type) -> Any:
+def positive(kind: type) -> Any:
+    """An argparse type: a `kind` above 0 (shared with tui/sim/sglang/launcher.py)."""
     def parse(text: str) -> Any:
         value = kind(text)
         if value <= 0:
@@ -78,16 +79,16 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     serve.add_argument("--model")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int, default=VLLM_DEFAULT_PORT)
-    serve.add_argument("--tensor-parallel-size", "-tp", type=_positive(int), default=1)
+    serve.add_argument("--tensor-parallel-size", "-tp", type=positive(int), default=1)
     serve.add_argument("--speculative-config", type=_json_object)
     serve.add_argument("--served-model-name", nargs="+")
-    serve.add_argument("--max-model-len", type=_positive(int))
-    serve.add_argument("--gpu-memory-utilization", type=_positive(float),
+    serve.add_argument("--max-model-len", type=positive(int))
+    serve.add_argument("--gpu-memory-utilization", type=positive(float),
                        default=tl.DEFAULT_GPU_UTIL)
     serve.add_argument("--sim-scenario", choices=SCENARIOS, default="ready")
-    serve.add_argument("--sim-time-scale", type=_positive(float), default=1.0)
-    serve.add_argument("--sim-gpus", type=_positive(int), default=8)
-    serve.add_argument("--sim-flood", type=_positive(float), metavar="LINES_PER_S",
+    serve.add_argument("--sim-time-scale", type=positive(float), default=1.0)
+    serve.add_argument("--sim-gpus", type=positive(int), default=8)
+    serve.add_argument("--sim-flood", type=positive(float), metavar="LINES_PER_S",
                        help="once serving, also write a firehose of vLLM-shaped serving lines "
                        "(access log, request records, stats, warnings) at this rate")
     serve.add_argument("--sim-gpu-state", help="fake NVML state dir (default: "

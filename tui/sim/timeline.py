@@ -74,9 +74,10 @@ KV_BYTES_PER_TOKEN = 70_272  # MLA latent (512 + 64) x 61 layers x bf16
 DEFAULT_GPU_UTIL = 0.9  # --gpu-memory-utilization
 
 
-def shard_time(shard: int) -> float:
-    """When shard number `shard` (1-based) of the target model finishes loading."""
-    return WEIGHTS_START + WEIGHTS_SECONDS * shard / SHARDS
+def shard_time(shard: int, start: float = WEIGHTS_START) -> float:
+    """When shard number `shard` (1-based) of the target model finishes loading, the first
+    having begun at `start`."""
+    return start + WEIGHTS_SECONDS * shard / SHARDS
 
 
 def weights_gib(shards_done: int) -> float:

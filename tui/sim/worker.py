@@ -9,49 +9,27 @@ while loading weights, or a hang (no more lines, memory frozen, process alive).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import random
 import sys
 import time
 from typing import Any
 
-from tui.sim import failures, gpu_state, lines, runtime
+from tui.sim import failures, lines, runtime
 from tui.sim import timeline as tl
-from tui.sim.runtime import SimClock, Terminated
+from tui.sim.rank import SHARDS_LABEL, Rank
 from tui.sim.simlog import STDERR, SimLog
 
-GIB = tl.GIB
 
-
-class Worker:
+class Worker(Rank):
     """One rank: the schedule of timeline.py, its GPU holder file, its status pipe."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
-        self.cfg = cfg
-        self.rank: int = cfg["rank"]
-        self.tp: int = cfg["tp"]
-        self.gpu: int = cfg["gpu"]
-        self.scenario: str = cfg["scenario"]
+        super().__init__(cfg)
         self.spec = lines.Spec.from_json(cfg["spec"]) if cfg["spec"] else None
-        self.state_dir: str = cfg["gpu_state"]
-        self.status_fd: int = cfg["status_fd"]
-        self.clock = SimClock(cfg["t0"], cfg["scale"], cfg.get("shift", 0.0))
-        self.rt = runtime.Runtime(self.clock, cfg.get("ignore_sigterm", False))
         self.born = time.time()
         ray_ip = cfg.get("ray_ip")  # a Ray worker: Ray's prefix on every line, none of vLLM's
         ray = f"(RayWorkerWrapper pid={os.getpid()}, ip={ray_ip}) " if ray_ip else ""
         self.log = SimLog(f"Worker_TP{self.rank}", self.clock, "" if ray else None, ray)
-        self.rng = random.Random(cfg["t0"] * 1000 + self.rank)
-        self.used = 0.0  # GiB
-
-    def run(self) -> int:
-        try:
-            return self._run()
-        except Terminated:
-            return 0
-        finally:
-            gpu_state.remove_holder(self.state_dir)
 
     def _run(self) -> int:
         self.log.line(lines.FUTURE_WARNINGS[0], fd=STDERR)
@@ -110,46 +88,23 @@ class Worker:
         failures.import_model_file(self.cfg["patched_model"])
 
     def _load_weights(self) -> None:
-        label = "Loading safetensors checkpoint shards"
-        if self.rank == 0:
-            self.rt.at(tl.WEIGHTS_START)
-            self.log.line(lines.shards_bar(label, 0, tl.SHARDS, 0), prefixed=False, fd=STDERR)
-        stop = self._hang_shard()
-        for shard in range(1, tl.SHARDS + 1):
-            self.rt.at(tl.shard_time(shard))
-            if self.scenario == "oom" and self.rank == self.tp - 1 and shard == tl.OOM_SHARD:
-                self._hold(tl.DEVICE_TOTAL / GIB - 1.21, 97)
-                raise failures.cuda_oom(self.gpu, int(self.used * GIB), 3.5)
-            self._hold(tl.weights_gib(shard), self.rng.randint(2, 9))
-            if self.rank == 0:
-                elapsed = self.clock.now() - tl.WEIGHTS_START
-                self.log.line(lines.shards_bar(label, shard, tl.SHARDS, elapsed),
-                              prefixed=False, fd=STDERR)
-            if shard == stop:
-                # Hung in a collective: the ranks that got furthest spin at 100 %.
-                self._hold(self.used, 0 if shard < tl.HANG_SHARD else 100)
-                self.rt.forever()
+        self._load_shards(tl.WEIGHTS_START)
         took = self.clock.now() - tl.WEIGHTS_START
         self.log.info(lines.SRC_LOADER, f"Loading weights took {took:.2f} seconds")
-
-    def _hang_shard(self) -> int | None:
-        if self.scenario != "hang":
-            return None
-        early = self.tp > 1 and self.rank == self.tp - 1
-        return tl.HANG_SHARD - (tl.HANG_EARLY_SHARDS if early else 0)
 
     def _load_drafter(self) -> None:
         if self.spec is not None and self.spec.has_drafter:
             self.rt.at(tl.DRAFTER_START)
             self.log.info(lines.SRC_RUNNER, "Loading drafter model...")
-            label = "Loading safetensors checkpoint shards"
             if self.rank == 0:
-                self.log.line(lines.shards_bar(label, 0, 1, 0), prefixed=False, fd=STDERR)
+                self.log.line(lines.shards_bar(SHARDS_LABEL, 0, 1, 0), prefixed=False,
+                              fd=STDERR)
             self.rt.at(tl.DRAFTER_START + tl.DRAFTER_SECONDS - 2)
             self._hold(self.used + tl.DRAFTER_GIB, 4)
             took = self.clock.now() - tl.DRAFTER_START
             if self.rank == 0:
-                self.log.line(lines.shards_bar(label, 1, 1, took), prefixed=False, fd=STDERR)
+                self.log.line(lines.shards_bar(SHARDS_LABEL, 1, 1, took), prefixed=False,
+                              fd=STDERR)
             self.log.info(lines.SRC_LOADER, f"Loading weights took {took:.2f} seconds")
             if self.spec.method.startswith("eagle"):
                 self.log.info(lines.SRC_EAGLE, "Using Eagle3 auxiliary layers from model: "
@@ -216,25 +171,14 @@ class Worker:
             self._hold(self.used, self.rng.randint(35, 95))
             self.rt.sleep_sim(interval, min_real=tl.MIN_STATS_REAL)
 
-    def _hold(self, used_gib: float, util: int) -> None:
-        self.used = used_gib
-        gpu_state.write_holder(self.state_dir, self.gpu, int(used_gib * GIB), util)
-
-    def _report(self, message: bytes) -> None:
-        with contextlib.suppress(OSError):  # the engine core is gone; PDEATHSIG comes next
-            os.write(self.status_fd, message)
-
 
 def main() -> int:
     cfg = runtime.child_config()
     runtime.become(cfg["title"], cfg["parent_pid"], cfg.get("orphans", False))
     worker = Worker(cfg)
     code = worker.run()
-    if code:  # die right after stamping the moment, so latency is measured from the death
-        sys.stdout.flush()
-        sys.stderr.flush()
-        gpu_state.record_death(worker.state_dir, f"Worker_TP{worker.rank}")
-        os._exit(code)
+    if code:
+        worker.die(code, f"Worker_TP{worker.rank}")
     return code
 
 

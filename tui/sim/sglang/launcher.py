@@ -32,21 +32,12 @@ from typing import Any
 from tui.sim import failures, gpu_state, runtime
 from tui.sim import lines as vllm_lines
 from tui.sim import timeline as tl
-from tui.sim.engine import SCENARIOS
+from tui.sim.engine import SCENARIOS, positive
 from tui.sim.http_api import ServingState, SimHTTPServer
 from tui.sim.runtime import SimClock, Terminated
 from tui.sim.sglang import lines
 from tui.sim.sglang import schedule as S
 from tui.sim.sglang.log import SGLangLog
-
-
-def _positive(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0: {text}")
-        return value
-    return parse
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -56,19 +47,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--model-path", "--model", required=True)
     parser.add_argument("--host", default=S.DEFAULT_HOST)
     parser.add_argument("--port", type=int, default=S.DEFAULT_PORT)
-    parser.add_argument("--tp-size", "--tensor-parallel-size", type=_positive(int), default=1)
+    parser.add_argument("--tp-size", "--tensor-parallel-size", type=positive(int), default=1)
     parser.add_argument("--served-model-name")
-    parser.add_argument("--context-length", type=_positive(int))
-    parser.add_argument("--mem-fraction-static", type=_positive(float),
+    parser.add_argument("--context-length", type=positive(int))
+    parser.add_argument("--mem-fraction-static", type=positive(float),
                         default=S.MEM_FRACTION_STATIC)
     parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument("--speculative-algorithm", choices=tuple(lines.DRAFTERS))
     parser.add_argument("--speculative-draft-model-path")
     for knob in ("num-steps", "eagle-topk", "num-draft-tokens"):
-        parser.add_argument(f"--speculative-{knob}", type=_positive(int))
+        parser.add_argument(f"--speculative-{knob}", type=positive(int))
     parser.add_argument("--sim-scenario", choices=SCENARIOS, default="ready")
-    parser.add_argument("--sim-time-scale", type=_positive(float), default=1.0)
-    parser.add_argument("--sim-gpus", type=_positive(int), default=8)
+    parser.add_argument("--sim-time-scale", type=positive(float), default=1.0)
+    parser.add_argument("--sim-gpus", type=positive(int), default=8)
     parser.add_argument("--sim-gpu-state")
     return parser.parse_known_args(argv)[0]
 

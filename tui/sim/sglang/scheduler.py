@@ -15,48 +15,29 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import signal
 import sys
 import time
 from typing import Any
 
-from tui.sim import failures, gpu_state, runtime
+from tui.sim import failures, runtime
 from tui.sim import lines as vllm_lines
 from tui.sim import timeline as tl
-from tui.sim.runtime import SimClock, Terminated
+from tui.sim.rank import GIB, SHARDS_LABEL, Rank
 from tui.sim.sglang import lines
 from tui.sim.sglang import schedule as S
 from tui.sim.sglang.log import SGLangLog
 from tui.sim.simlog import STDERR
 
-GIB = tl.GIB
-SHARDS_LABEL = "Loading safetensors checkpoint shards"
 
-
-class Scheduler:
+class Scheduler(Rank):
     """One rank: the schedule, its GPU holder file, its status pipe."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
-        self.cfg = cfg
-        self.rank: int = cfg["rank"]
-        self.tp: int = cfg["tp"]
-        self.scenario: str = cfg["scenario"]
+        super().__init__(cfg)
         self.spec = lines.Spec.from_json(cfg["spec"])
-        self.clock = SimClock(cfg["t0"], cfg["scale"])
-        self.rt = runtime.Runtime(self.clock)
         self.log = SGLangLog(lines.rank_tag(self.rank, self.tp), self.clock)
-        self.rng = random.Random(cfg["t0"] * 1000 + self.rank)
-        self.used = 0.0  # GiB
         self.failed = False
-
-    def run(self) -> int:
-        try:
-            return self._run()
-        except Terminated:
-            return 0
-        finally:
-            gpu_state.remove_holder(self.cfg["gpu_state"])
 
     def _run(self) -> int:
         self.rt.at(S.DIST_BEGIN)
@@ -86,33 +67,10 @@ class Scheduler:
         return 0
 
     def _load_weights(self) -> None:
-        if self.rank == 0:
-            self.rt.at(S.WEIGHTS_START)
-            self.log.line(vllm_lines.shards_bar(SHARDS_LABEL, 0, tl.SHARDS, 0), prefixed=False,
-                          fd=STDERR)
-        stop = self._hang_shard()
-        for shard in range(1, tl.SHARDS + 1):
-            self.rt.at(S.WEIGHTS_START + tl.WEIGHTS_SECONDS * shard / tl.SHARDS)
-            if self.scenario == "oom" and self.rank == self.tp - 1 and shard == tl.OOM_SHARD:
-                self._hold(tl.DEVICE_TOTAL / GIB - 1.21, 97)
-                raise failures.cuda_oom(self.cfg["gpu"], int(self.used * GIB), 3.5)
-            self._hold(tl.weights_gib(shard), self.rng.randint(2, 9))
-            if self.rank == 0:
-                elapsed = self.clock.now() - S.WEIGHTS_START
-                self.log.line(vllm_lines.shards_bar(SHARDS_LABEL, shard, tl.SHARDS, elapsed),
-                              prefixed=False, fd=STDERR)
-            if shard == stop:  # hung in a collective: the ranks that got furthest spin
-                self._hold(self.used, 0 if shard < tl.HANG_SHARD else 100)
-                self.rt.forever()
+        self._load_shards(S.WEIGHTS_START)
         self.rt.at(S.LOAD_END)
         self.log.line(lines.load_end(self.cfg["arch"], self._avail(),
                                      self.used - tl.CONTEXT_GIB))
-
-    def _hang_shard(self) -> int | None:
-        if self.scenario != "hang":
-            return None
-        early = self.tp > 1 and self.rank == self.tp - 1
-        return tl.HANG_SHARD - (tl.HANG_EARLY_SHARDS if early else 0)
 
     def _kv_cache(self) -> None:
         self.rt.at(S.KV_CACHE)
@@ -207,25 +165,14 @@ class Scheduler:
     def _avail(self) -> float:
         return tl.DEVICE_TOTAL / GIB - self.used
 
-    def _hold(self, used_gib: float, util: int) -> None:
-        self.used = used_gib
-        gpu_state.write_holder(self.cfg["gpu_state"], self.cfg["gpu"], int(used_gib * GIB), util)
-
-    def _report(self, message: bytes) -> None:
-        with contextlib.suppress(OSError):  # the launcher is gone; PDEATHSIG comes next
-            os.write(self.cfg["status_fd"], message)
-
 
 def main() -> int:
     cfg = runtime.child_config()
     runtime.become(cfg["title"], cfg["parent_pid"])
     scheduler = Scheduler(cfg)
     code = scheduler.run()
-    if scheduler.failed:  # die right after stamping the moment, so latency is measured from it
-        sys.stdout.flush()
-        sys.stderr.flush()
-        gpu_state.record_death(cfg["gpu_state"], cfg["title"].removeprefix("sglang::"))
-        os._exit(code)
+    if scheduler.failed:
+        scheduler.die(code, cfg["title"].removeprefix("sglang::"))
     return code
 
 
