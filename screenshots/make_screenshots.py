@@ -1,14 +1,17 @@
 """Redraw screenshots/*.svg from the demo: `.venv/bin/python screenshots/make_screenshots.py`.
 
 Each picture is the real console on the simulated engine (no GPU, no SSH), captured headless at
-the moment it shows: loading, ready, dead, the kill confirmation, and the 80x24 layout. Re-run
+the moment it shows: loading, ready, dead, the kill confirmation, the 80x24 layout, and the fleet
+of three demo runs (vLLM, SGLang, the story). Re-run
 it whenever the look changes; the README shows these files.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +22,9 @@ from textual.pilot import Pilot  # noqa: E402
 
 from tui.app import ConsoleApp  # noqa: E402
 from tui.core.phases import Phase  # noqa: E402
+from tui.core.profile import Profile  # noqa: E402
 from tui.core.state import State  # noqa: E402
+from tui.runs import SingleRun  # noqa: E402
 from tui.sim.demo import demo_profile  # noqa: E402
 from tui.supervisor import Supervisor  # noqa: E402
 
@@ -62,7 +67,31 @@ async def shoot(scenario: str, size: tuple[int, int], shots: list[str]) -> None:
         await _until(pilot, lambda: state.state is State.STOPPED, 30)
 
 
+def _own(profile: Profile, name: str, gpus: str) -> Profile:
+    """A demo run under its own name, on its own fake GPUs (preflight refuses GPUs in use)."""
+    assert profile.simulate is not None
+    return dataclasses.replace(profile, name=name, simulate=dataclasses.replace(
+        profile.simulate, gpu_state=gpus))
+
+
+async def shoot_fleet() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        sups = [Supervisor(_own(demo_profile(scenario, scale, engine), name, f"{tmp}/{name}"))
+                for name, scenario, scale, engine in (
+                    ("kimi-vllm", "ready", 150.0, "vllm"), ("kimi-sglang", "ready", 60.0, "sglang"),
+                    ("kimi-patched", "syntax-error", 75.0, "vllm"))]
+        app = ConsoleApp([SingleRun(s) for s in sups], demo=True, kill_grace=2.0)
+        async with app.run_test(size=(120, 30)) as pilot:
+            await _until(pilot, lambda: sups[0].machine.state is State.READY
+                         and sups[2].machine.state is State.DEAD)
+            await pilot.pause(1.2)
+            print(app.save_screenshot("fleet.svg", str(HERE)))
+            await pilot.press("q")
+            await _until(pilot, lambda: all(not s.machine.state.live for s in sups), 30)
+
+
 async def main() -> None:
+    await shoot_fleet()
     await shoot("ready", (200, 50), ["loading", "ready", "kill-confirm"])
     await shoot("syntax-error", (200, 50), ["dead"])
     await shoot("ready", (80, 24), ["narrow-80x24"])

@@ -561,8 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--kill-leftovers", action="store_true",
                     help="when leftovers of ended runs hold the GPUs, kill exactly them first")
 
-    sp = add("status", "a line per run and per host: of a profile, or of every profile in "
-             "./profiles and ~/.config/specconsole/profiles", cmd_status)
+    sp = add("status", "a line per run and host (one profile, or all of them)", cmd_status)
     sp.add_argument("profile", nargs="?")
 
     sp = add("kill", "TERM the run, KILL after the grace, sweep by run id",
@@ -603,8 +602,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--headless", action="store_true",
                     help="print the story line by line instead of opening the console")
 
-    sp = add("console", "open the console on a profile, or the fleet view on several (the "
-             "default command)", cmd_console)
+    sp = add("console", "the console (the default): one profile, or a fleet of several",
+             cmd_console)
     sp.add_argument("profile", nargs="*")
     sp.add_argument("--no-launch", action="store_true",
                     help="attach to the newest run only; never launch")
