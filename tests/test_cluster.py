@@ -79,6 +79,16 @@ def test_bad_multi_host_profiles_are_one_line(text: str, message: str) -> None:
     assert all(part in said for part in message.split("...")), said
 
 
+def test_host_paths_in_hosts_tables_take_variables_and_an_unset_one_is_one_line() -> None:
+    text = HOSTS.replace('jump = "gpu-a"', 'python = "${VENV}/bin/python"') + \
+        '[cluster]\nbackend = "ray"\n' + SERVER
+    profile = loads_profile(text, "/p/multi.toml", environ={"VENV": "/opt/v"})
+    assert profile.nodes[1].host.python == "/opt/v/bin/python"
+    with pytest.raises(ProfileError) as caught:
+        _load(text)
+    assert "hosts[1].python: ${VENV} is not set" in str(caught.value), caught.value
+
+
 def test_ray_members_start_the_head_then_the_nodes_then_the_server() -> None:
     profile = _load(HOSTS + '[cluster]\nbackend = "ray"\nray = ["/opt/ray/bin/ray"]\n' + SERVER)
     assert profile.host.target == "gpu-a"

@@ -436,7 +436,17 @@ _EXPANDED = (("host", "python"), ("host", "workdir"), ("host", "runs_dir"),
 
 
 def _expand(data: dict[str, Any], environ: Mapping[str, str]) -> None:
-    """Expand `${NAME}` in place in the _EXPANDED values; the validator checks types later."""
+    """Expand `${NAME}` in place in the _EXPANDED values (those under `host` in each of the
+    `[[hosts]]` tables too); the validator checks types later."""
+    hosts = data.get("hosts")
+    if isinstance(hosts, list):
+        for i, table in enumerate(hosts):
+            if isinstance(table, dict):
+                try:
+                    _expand({"host": table}, environ)
+                except _Invalid as e:
+                    raise _Invalid(e.message, e.sub.replace(".host", f".hosts[{i}]", 1)) \
+                        from None
     for path in _EXPANDED:
         table: Any = data
         for key in path[:-1]:
