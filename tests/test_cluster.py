@@ -20,7 +20,7 @@ from test_bad_input import _opener
 
 from tui.app import ConsoleApp
 from tui.core.cluster import members
-from tui.core.errors import ProfileError
+from tui.core.errors import ProfileError, SpecconsoleError
 from tui.core.profile import loads_profile
 from tui.core.state import Ready
 from tui.group import ClusterRun, Joined, MemberEvent, RunDied
@@ -242,3 +242,22 @@ async def test_the_console_holds_a_two_host_run_as_one_run_with_a_row_per_host(
                                        for s in group.sups.values() if s.run is not None), 30,
                     "every host killed")
         assert not any(carriers(r) for r in cleanup)
+
+
+async def test_a_host_that_does_not_join_in_time_is_named_and_nothing_is_left_running(
+        two_hosts: ClusterFactory, ssh_server: SSHTestServer, cleanup: list[str]) -> None:
+    path = two_hosts("ray")  # the head told it lives where nothing answers: it never joins
+    path.write_text(path.read_text().replace('address = "127.0.0.1"', 'address = "192.0.2.1"', 1)
+                    .replace('join_timeout = "30s"', 'join_timeout = "2s"'))
+    group = _group(path, ssh_server)
+    try:
+        with pytest.raises(SpecconsoleError) as caught:
+            await _start(group, cleanup)
+        said = str(caught.value)
+        assert said.startswith("local (ray-head) did not join within 2.0s"), said
+        assert "--member ray-head" in said
+        runs = [s.run.run_id for s in group.sups.values() if s.run is not None]
+        assert len(runs) == 1, "nothing after the head was started"
+        assert not any(carriers(r) for r in runs)
+    finally:
+        await group.close()

@@ -213,7 +213,7 @@ class ClusterRun:
                     raise SpecconsoleError(
                         f"{m.host} ({m.name}) did not join within {duration(timeout)}: "
                         "nothing started was left running; see its log with `specconsole "
-                        f"logs {self.profile.path}`")
+                        f"logs {self.profile.path} --member {m.name}`")
                 break
         run = self.server.run
         if run is None:  # a member died before the server was launched

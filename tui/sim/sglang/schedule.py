@@ -44,12 +44,6 @@ MIN_FAIL_REAL = 1.5  # a scheduler fails no sooner (real s after launch): a watc
 # after the launch must see the tree before its first death, whatever the time scale
 
 
-def scheduler_ready(drafter: bool) -> float:
-    """When a scheduler has finished initialising (the draft model's graphs come last)."""
-    return DRAFTER_START + DRAFTER_SECONDS + DRAFT_GRAPHS_SECONDS if drafter \
-        else GRAPHS_START + GRAPHS_SECONDS + 1.0
-
-
 def kv_cache_gib(mem_fraction: float, drafter: bool) -> float:
     """SGLang's KV pool: the static fraction of the device, less what the weights hold."""
     held = tl.CONTEXT_GIB + tl.WEIGHTS_GIB + (tl.DRAFTER_GIB if drafter else 0.0)
