@@ -20,13 +20,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from textual.pilot import Pilot  # noqa: E402
 
-from tui.app import ConsoleApp  # noqa: E402
+from tui.console.app import ConsoleApp  # noqa: E402
 from tui.core.phases import Phase  # noqa: E402
 from tui.core.profile import Profile  # noqa: E402
 from tui.core.state import State  # noqa: E402
-from tui.runs import SingleRun  # noqa: E402
+from tui.supervise.runs import SingleRun  # noqa: E402
 from tui.sim.demo import demo_profile  # noqa: E402
-from tui.supervisor import Supervisor  # noqa: E402
+from tui.supervise.supervisor import Supervisor  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

@@ -25,7 +25,7 @@ from tui.core.protocol import (
     ProcInfo,
     Procs,
 )
-from tui.supervisor import RunInfo, RunStarted, Supervisor
+from tui.supervise.supervisor import RunInfo, RunStarted, Supervisor
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GIB = 2**30

@@ -19,18 +19,18 @@ import pytest
 from helpers import carriers, sim_profile, until
 from sshserver import SSHTestServer
 
-from tui.app import ConsoleApp
+from tui.console.app import ConsoleApp
+from tui.console.screens.confirm import ConfirmScreen
+from tui.console.screens.help import HelpScreen
+from tui.console.widgets.banner import Banner
+from tui.console.widgets.logs import CAUSE_MARK, LogPane, LogView
+from tui.console.widgets.procs import ProcPane
+from tui.console.widgets.timeline import TimelinePane
 from tui.core.profile import HostConfig, load_profile
 from tui.core.state import State
-from tui.history import History, Launch
 from tui.remote.session import Session, open_session
-from tui.screens.confirm import ConfirmScreen
-from tui.screens.help import HelpScreen
-from tui.supervisor import Supervisor
-from tui.widgets.banner import Banner
-from tui.widgets.logs import CAUSE_MARK, LogPane, LogView
-from tui.widgets.procs import ProcPane
-from tui.widgets.timeline import TimelinePane
+from tui.supervise.history import History, Launch
+from tui.supervise.supervisor import Supervisor
 
 
 def banner_text(app: ConsoleApp) -> str:

@@ -33,14 +33,14 @@ from helpers import carriers, free_port, sim_profile, until
 from sshserver import SSHTestServer
 
 from tui import cli
-from tui.app import ConsoleApp
+from tui.console.app import ConsoleApp
+from tui.console.widgets.banner import Banner
+from tui.console.widgets.logs import LogView
 from tui.core.profile import HostConfig, load_profile
 from tui.core.state import State
-from tui.history import History
 from tui.remote.session import Session, open_session
-from tui.supervisor import Supervisor
-from tui.widgets.banner import Banner
-from tui.widgets.logs import LogView
+from tui.supervise.history import History
+from tui.supervise.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable

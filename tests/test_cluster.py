@@ -18,13 +18,13 @@ from sshserver import SSHTestServer
 from test_app import fake_tmux, first_death, tmux_calls
 from test_bad_input import _opener
 
-from tui.app import ConsoleApp
+from tui.console.app import ConsoleApp
+from tui.console.widgets.fleet import FleetTable
 from tui.core.cluster import members
 from tui.core.errors import ProfileError, SpecconsoleError
 from tui.core.profile import loads_profile
 from tui.core.state import Ready
-from tui.group import ClusterRun, Joined, MemberEvent, RunDied
-from tui.widgets.fleet import FleetTable
+from tui.supervise.group import ClusterRun, Joined, MemberEvent, RunDied
 
 HOSTS = """\
 [[hosts]]

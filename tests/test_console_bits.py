@@ -11,13 +11,13 @@ from rich.console import Console
 from rich.style import Style
 
 from tui import cli
-from tui.alerts import restore_command, title_sequence, window_name_command
-from tui.app import ConsoleApp
+from tui.console.alerts import restore_command, title_sequence, window_name_command
+from tui.console.app import ConsoleApp
+from tui.console.keys import KEYS, bindings
+from tui.console.screens.help import HelpScreen
+from tui.console.screens.picker import PickerApp
 from tui.core.profile import load_profile
-from tui.keys import KEYS, bindings
-from tui.screens.help import HelpScreen
-from tui.screens.picker import PickerApp
-from tui.supervisor import Supervisor
+from tui.supervise.supervisor import Supervisor
 
 PROFILES = Path(__file__).parent.parent / "profiles"
 REQUIRED = {"r": "restart", "k": "kill", "f": "toggle_raw", "slash": "search",
@@ -109,9 +109,9 @@ def test_list_profiles_finds_the_shipped_ones(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_log_lines_keep_vllm_colours_and_nothing_else() -> None:
+    from tui.console.widgets.logs import LogView
     from tui.core.logline import parse_line
     from tui.core.logwindow import Entry, LogWindow
-    from tui.widgets.logs import LogView
 
     raw = ("\x1b[1;36m(Worker_TP0 pid=3011)\x1b[0;0m INFO 09-30 14:02:41 [x.py:1] hello"
            "\x1b]0;pwned\x07\x1b]52;c;ZXZpbA==\x07\x1b[2J\x1b[H")
@@ -142,10 +142,10 @@ def test_host_text_is_cleaned_before_it_can_reach_the_screen() -> None:
 async def test_banner_and_log_lines_draw_no_escape_or_tab() -> None:
     from textual.app import App
 
+    from tui.console.widgets.banner import Banner
+    from tui.console.widgets.logs import LogView
     from tui.core.logline import parse_line
     from tui.core.logwindow import Entry, LogWindow
-    from tui.widgets.banner import Banner
-    from tui.widgets.logs import LogView
 
     class Probe(App[None]):
         def compose(self):
@@ -162,9 +162,9 @@ async def test_banner_and_log_lines_draw_no_escape_or_tab() -> None:
 
 
 def test_a_failed_smoke_request_is_up_but_not_serving() -> None:
-    from tui.bridge import Bridge
-    from tui.messages import AlertRaised
-    from tui.supervisor import SmokeDone
+    from tui.console.bridge import Bridge
+    from tui.console.messages import AlertRaised
+    from tui.supervise.supervisor import SmokeDone
 
     bridge = Bridge(Supervisor(load_profile(PROFILES / "demo.toml")))
     bridge.ready_took = 1490.0

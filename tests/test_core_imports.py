@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FORBIDDEN = ("textual", "asyncssh", "psutil", "pynvml", "tui.remote", "tui.supervisor", "tui.sim")
+FORBIDDEN = ("textual", "asyncssh", "psutil", "pynvml", "tui.remote", "tui.supervise.supervisor", "tui.sim")
 
 
 def _modules_after(import_stmt: str) -> set[str]:

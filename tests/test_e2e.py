@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import carriers, free_port, sim_profile
 
-from tui.cli import COMMANDS
+from tui.cli.main import COMMANDS
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,7 +21,11 @@ from replay import ReplaySupervisor, dead_script, loading_script
 from test_app import fake_tmux, tmux_calls
 from textual.pilot import Pilot
 
-from tui.app import ConsoleApp
+from tui.cli.status import RunLine, format_lines
+from tui.console.app import ConsoleApp
+from tui.console.screens.confirm import ConfirmScreen
+from tui.console.widgets.banner import Banner
+from tui.console.widgets.fleet import FleetTable
 from tui.core.fleetview import alert_words, gpu_words, phase_words, worst
 from tui.core.gpuview import GpuRow
 from tui.core.phases import Phase
@@ -31,12 +35,8 @@ from tui.core.rootcause import RootCause
 from tui.core.state import Death, State
 from tui.core.status import RunView
 from tui.core.timeline import PhaseSpan
-from tui.runlist import RunLine, format_lines
-from tui.runs import Member, SingleRun
-from tui.screens.confirm import ConfirmScreen
-from tui.supervisor import RunInfo, Supervisor
-from tui.widgets.banner import Banner
-from tui.widgets.fleet import FleetTable
+from tui.supervise.runs import Member, SingleRun
+from tui.supervise.supervisor import RunInfo, Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ROOT / "profiles"

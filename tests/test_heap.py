@@ -14,10 +14,10 @@ from rich.segment import Segment
 from textual.cache import LRUCache
 from textual.strip import Strip
 
-from tui.app import ConsoleApp
+from tui.console.app import ConsoleApp
+from tui.console.heap import NEVER, QuietCollector, untie_textual_caches
 from tui.core.profile import load_profile
-from tui.heap import NEVER, QuietCollector, untie_textual_caches
-from tui.supervisor import Supervisor
+from tui.supervise.supervisor import Supervisor
 
 PROFILES = Path(__file__).parent.parent / "profiles"
 

@@ -22,9 +22,9 @@ from tui.core.protocol import HttpReply
 from tui.core.state import Died, Ready, State
 from tui.core.status import RunView, status_line, timeline_rows
 from tui.core.timeline import PhaseSpan
-from tui.history import History, Launch, diff
-from tui.hooks import hook_env, run_hook
-from tui.supervisor import (
+from tui.supervise.history import History, Launch, diff
+from tui.supervise.hooks import hook_env, run_hook
+from tui.supervise.supervisor import (
     HistoryLoaded,
     Notice,
     SmokeDone,

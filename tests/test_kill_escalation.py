@@ -20,7 +20,7 @@ from test_leftovers import holders, with_args
 
 from tui.core.profile import load_profile
 from tui.sim.escapee import NAME as ESCAPEE
-from tui.supervisor import Supervisor
+from tui.supervise.supervisor import Supervisor
 
 GRACE_S = 1.5
 

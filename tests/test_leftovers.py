@@ -24,16 +24,16 @@ import pytest
 from helpers import alive, carriers, sim_profile, until
 from sshserver import SSHTestServer
 
-from tui.app import ConsoleApp
+from tui.console.app import ConsoleApp
+from tui.console.screens.confirm import ConfirmScreen
+from tui.console.widgets.banner import Banner
 from tui.core.errors import PreflightFailed
 from tui.core.profile import HostConfig, load_profile
 from tui.core.protocol import GpuHolder
 from tui.core.state import State
 from tui.remote import launcher
 from tui.remote.session import Session, open_session
-from tui.screens.confirm import ConfirmScreen
-from tui.supervisor import Supervisor
-from tui.widgets.banner import Banner
+from tui.supervise.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 

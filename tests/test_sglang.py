@@ -35,7 +35,7 @@ from tui.remote import launcher
 from tui.remote.session import LocalSession
 from tui.sim.demo import demo_profile
 from tui.sim.failures import BROKEN_LINE
-from tui.supervisor import Supervisor
+from tui.supervise.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 STAMP = "[2025-08-04 10:10:06"

@@ -14,7 +14,7 @@ import pytest
 from replay import ReplaySupervisor, Script, dead_script, loading_script, ready_script
 from textual.pilot import Pilot
 
-from tui.app import ConsoleApp
+from tui.console.app import ConsoleApp
 from tui.core.profile import load_profile
 
 PROFILE = Path(__file__).parent.parent / "profiles" / "kimi-k25-eagle3.toml"

@@ -13,7 +13,7 @@ from tui.core.profile import load_profile
 from tui.core.state import Died, LineAdded, Ready, State
 from tui.remote import launcher
 from tui.remote.session import LocalSession
-from tui.supervisor import KillDone, LinkLost, LinkRestored, Supervisor
+from tui.supervise.supervisor import KillDone, LinkLost, LinkRestored, Supervisor
 
 
 async def _offsets(events: asyncio.Queue, count: int, timeout: float = 30) -> list[int]:

@@ -40,7 +40,7 @@ from tui.core.phases import Phase, detect_phase
 from tui.core.profile import Profile
 from tui.core.specdecode import parse_interval, parse_totals
 from tui.core.state import CauseUpdated, Died, LineAdded, PhaseChanged, ProgressChanged, Ready
-from tui.supervisor import ProcsSeen, Supervisor
+from tui.supervise.supervisor import ProcsSeen, Supervisor
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(400)]
 

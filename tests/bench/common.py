@@ -28,7 +28,7 @@ from sshserver import SSHTestServer  # noqa: E402
 from tui.core.profile import Profile, load_profile  # noqa: E402
 from tui.core.state import Died  # noqa: E402
 from tui.remote.session import open_session  # noqa: E402
-from tui.supervisor import Supervisor  # noqa: E402
+from tui.supervise.supervisor import Supervisor  # noqa: E402
 
 T = TypeVar("T")
 Figures = dict[str, Any]

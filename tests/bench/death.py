@@ -128,9 +128,9 @@ async def _engine_killed_top(tmp: Path) -> tuple[int | None, float]:
 
 async def _one_banner(tmp: Path, target: str, ssh_config: str | None) -> float:
     """Milliseconds from the worker's death to the first refresh after the DEAD banner."""
-    from tui.app import ConsoleApp
-    from tui.heap import QuietCollector, settle_heap
-    from tui.widgets.banner import Banner
+    from tui.console.app import ConsoleApp
+    from tui.console.heap import QuietCollector, settle_heap
+    from tui.console.widgets.banner import Banner
 
     shown: list[float] = []
     original = Banner.show

@@ -28,9 +28,9 @@ from typing import Any
 import psutil
 from common import Figures, agent_process, cpu_share, pct, profile_for, say, supervisor
 
+from tui.console.heap import QuietCollector, settle_heap
 from tui.core.state import State
-from tui.heap import QuietCollector, settle_heap
-from tui.supervisor import Supervisor
+from tui.supervise.supervisor import Supervisor
 
 RATE = 20_000
 FROZEN_MS = 100.0
@@ -132,7 +132,7 @@ async def _drive(app: Any, sup: Supervisor, seconds: float, acted: list[float]) 
 
 
 async def run(seconds: float, rate: int = RATE) -> Figures:
-    from tui.app import ConsoleApp
+    from tui.console.app import ConsoleApp
 
     arm = os.environ.get("SPECCONSOLE_BENCH_GC", "quiet")
     automatic = arm in ("auto", "before")

@@ -27,7 +27,7 @@ from common import (
     until_died,
 )
 
-from tui.supervisor import Supervisor
+from tui.supervise.supervisor import Supervisor
 
 SCALE = 2.5  # the workers die 23 simulated s after launch: 9.2 s
 WINDOW = (3.0, 8.0)  # seconds after the launches: all loading, none dead yet

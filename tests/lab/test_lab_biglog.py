@@ -27,11 +27,11 @@ import psutil
 import pytest
 
 from lab.netlab import Lab
-from tui.app import ConsoleApp
+from tui.console.app import ConsoleApp
 from tui.core.logwindow import DEFAULT_CAP
 from tui.core.profile import load_profile
 from tui.sim.flood import flood_lines
-from tui.supervisor import Supervisor
+from tui.supervise.supervisor import Supervisor
 
 pytestmark = pytest.mark.lab
 

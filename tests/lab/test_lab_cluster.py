@@ -25,8 +25,8 @@ from lab.conftest import _toml
 from lab.netlab import Lab
 from tui.core.profile import load_profile
 from tui.core.state import Ready
-from tui.group import ClusterRun, Joined, MemberEvent, RunDied
-from tui.supervisor import LinkLost, LinkRestored
+from tui.supervise.group import ClusterRun, Joined, MemberEvent, RunDied
+from tui.supervise.supervisor import LinkLost, LinkRestored
 
 pytestmark = pytest.mark.lab
 SCALE = 75.0  # the simulated load lasts about 20 s

@@ -32,10 +32,10 @@ from test_kill_escalation import escapee_of
 from test_leftovers import holders, with_args
 
 from lab.netlab import Lab
-from tui.app import ConsoleApp
+from tui.console.app import ConsoleApp
 from tui.core.profile import load_profile
 from tui.core.state import State
-from tui.supervisor import Supervisor
+from tui.supervise.supervisor import Supervisor
 
 pytestmark = pytest.mark.lab
 

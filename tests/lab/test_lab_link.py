@@ -29,10 +29,10 @@ from helpers import carriers, count_lines
 from textual.pilot import Pilot
 
 from lab.netlab import Lab
-from tui.app import ConsoleApp
+from tui.console.app import ConsoleApp
 from tui.core.profile import load_profile
 from tui.core.state import State
-from tui.supervisor import BACKOFF_MAX_S, LinkLost, LinkRestored, Supervisor
+from tui.supervise.supervisor import BACKOFF_MAX_S, LinkLost, LinkRestored, Supervisor
 
 pytestmark = pytest.mark.lab
 

@@ -1,4 +1,4 @@
-"""`wait`, `launch`, `kill` and `check` for a profile that spans several hosts (tui.group).
+"""`wait`, `launch`, `kill` and `check` for a profile that spans several hosts (supervise.group).
 
 The lines are those of a single-host run, each prefixed with the host and the member it is
 about ("gpu-b ray-node-1: ..."), plus the joins; the exit codes are the same: 0 ready (the
@@ -12,12 +12,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from tui.core.describe import death_lines, describe, duration, gpu_verdict
-from tui.core.errors import PreflightFailed
-from tui.core.logline import strip_escapes
-from tui.core.phases import Phase
-from tui.core.state import ProgressChanged, Ready, Stalled
-from tui.exit_codes import (
+from tui.cli.exit_codes import (
     EXIT_DEAD,
     EXIT_ERROR,
     EXIT_PREFLIGHT,
@@ -25,8 +20,13 @@ from tui.exit_codes import (
     EXIT_STALLED,
     EXIT_TIMEOUT,
 )
-from tui.group import ClusterRun, Joined, MemberEvent, RunDied
-from tui.supervisor import CAUSE_GRACE_S, Fatal, LinkLost, LinkRestored, Notice
+from tui.core.describe import death_lines, describe, duration, gpu_verdict
+from tui.core.errors import PreflightFailed
+from tui.core.logline import strip_escapes
+from tui.core.phases import Phase
+from tui.core.state import ProgressChanged, Ready, Stalled
+from tui.supervise.group import ClusterRun, Joined, MemberEvent, RunDied
+from tui.supervise.supervisor import CAUSE_GRACE_S, Fatal, LinkLost, LinkRestored, Notice
 
 Say = Callable[..., None]
 

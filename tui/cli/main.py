@@ -15,7 +15,18 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from tui.cluster_cli import check_cluster, kill_cluster, launch_cluster, wait_cluster
+from tui.cli.cluster import check_cluster, kill_cluster, launch_cluster, wait_cluster
+from tui.cli.exit_codes import (
+    EXIT_DEAD,
+    EXIT_ERROR,
+    EXIT_PREFLIGHT,
+    EXIT_READY,
+    EXIT_STALLED,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+)
+from tui.cli.status import run_state, status_lines
+from tui.console.heap import QuietCollector, settle_heap
 from tui.core.cluster import is_cluster, member_profile
 from tui.core.command import redact
 from tui.core.describe import death_lines, describe, duration, gpu_verdict
@@ -25,21 +36,10 @@ from tui.core.logline import strip_escapes
 from tui.core.phases import Phase
 from tui.core.profile import ENGINES, Profile, load_profile, parse_duration
 from tui.core.state import Died, LineAdded, ProgressChanged, Ready, Stalled, State
-from tui.exit_codes import (
-    EXIT_DEAD,
-    EXIT_ERROR,
-    EXIT_PREFLIGHT,
-    EXIT_READY,
-    EXIT_STALLED,
-    EXIT_TIMEOUT,
-    EXIT_USAGE,
-)
-from tui.group import ClusterRun, run_of
-from tui.heap import QuietCollector, settle_heap
-from tui.history import History, diff
-from tui.runlist import run_state, status_lines
-from tui.runs import Run
-from tui.supervisor import (
+from tui.supervise.group import ClusterRun, run_of
+from tui.supervise.history import History, diff
+from tui.supervise.runs import Run
+from tui.supervise.supervisor import (
     CAUSE_GRACE_S,
     Fatal,
     LinkLost,
@@ -439,7 +439,7 @@ def cmd_console(args: argparse.Namespace) -> int:
     directories."""
     names: list[str] = args.profile
     if not names:
-        from tui.screens.picker import PickerApp
+        from tui.console.screens.picker import PickerApp
 
         chosen = PickerApp(list_profiles()).run()
         if chosen is None:
@@ -458,7 +458,7 @@ def cmd_console(args: argparse.Namespace) -> int:
 
 def _run_console(runs: list[Run], *, launch: bool, profile_args: list[str], demo: bool = False,
                  kill_grace: float = 10.0, kill_leftovers: bool = False) -> int:
-    from tui.app import ConsoleApp
+    from tui.console.app import ConsoleApp
 
     heap = QuietCollector()
     app = ConsoleApp(runs, launch=launch, demo=demo, kill_grace=kill_grace,

@@ -20,7 +20,7 @@ from tui.core.logline import strip_escapes
 from tui.core.protocol import RunRecord
 from tui.remote import launcher
 from tui.remote.session import Session
-from tui.runs import Member, Run
+from tui.supervise.runs import Member, Run
 
 HEAD_BYTES = 512 * 1024  # the startup: where the phases are
 TAIL_BYTES = 256 * 1024  # the latest lines: the phase a launch still in progress is in

@@ -27,18 +27,11 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, DataTable, Footer, Static
 
-from tui.alerts import announce, restore_command, run_quietly
-from tui.bridge import Bridge
-from tui.core.errors import PreflightFailed, SpecconsoleError
-from tui.core.fleetview import alert_words, gpu_words, phase_words, worst
-from tui.core.logline import strip_escapes
-from tui.core.logwindow import DEFAULT_CAP, Entry, LogWindow
-from tui.core.protocol import GpuHolder
-from tui.core.state import State
-from tui.core.status import status_line
-from tui.heap import QuietCollector
-from tui.keys import KEYS, bindings
-from tui.messages import (
+from tui.console.alerts import announce, restore_command, run_quietly
+from tui.console.bridge import Bridge
+from tui.console.heap import QuietCollector
+from tui.console.keys import KEYS, bindings
+from tui.console.messages import (
     AlertRaised,
     GpusChanged,
     LogLines,
@@ -46,14 +39,21 @@ from tui.messages import (
     RunChanged,
     RunReset,
 )
-from tui.runs import Member, Run, SingleRun
-from tui.screens.confirm import ConfirmScreen
-from tui.screens.help import HelpScreen
-from tui.supervisor import Supervisor
-from tui.widgets.fleet import FleetRow, FleetTable
-from tui.widgets.logs import LogPane, NeedOlder
-from tui.widgets.member import MemberPanes
-from tui.widgets.timeline import TimelinePane
+from tui.console.screens.confirm import ConfirmScreen
+from tui.console.screens.help import HelpScreen
+from tui.console.widgets.fleet import FleetRow, FleetTable
+from tui.console.widgets.logs import LogPane, NeedOlder
+from tui.console.widgets.member import MemberPanes
+from tui.console.widgets.timeline import TimelinePane
+from tui.core.errors import PreflightFailed, SpecconsoleError
+from tui.core.fleetview import alert_words, gpu_words, phase_words, worst
+from tui.core.logline import strip_escapes
+from tui.core.logwindow import DEFAULT_CAP, Entry, LogWindow
+from tui.core.protocol import GpuHolder
+from tui.core.state import State
+from tui.core.status import status_line
+from tui.supervise.runs import Member, Run, SingleRun
+from tui.supervise.supervisor import Supervisor
 
 PAGE_BYTES = 256 * 1024  # one scroll-back page fetched from the host
 WINDOW_MARKS = {"dead": "✗ DEAD", "stalled": "⚠ STALLED", "ready": "✓ READY"}

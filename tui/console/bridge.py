@@ -13,6 +13,18 @@ from dataclasses import dataclass, field
 
 from textual.message import Message
 
+from tui.console.messages import (
+    AlertRaised,
+    GpusChanged,
+    HistoryShown,
+    LogLines,
+    PreflightShown,
+    ProcsChanged,
+    RootCauseFound,
+    RunChanged,
+    RunReset,
+    SpecDecodeChanged,
+)
 from tui.core.describe import death_lines, duration, gpu_verdict
 from tui.core.gpuview import GpuHistory
 from tui.core.logwindow import Entry
@@ -29,20 +41,8 @@ from tui.core.state import (
     StateChanged,
 )
 from tui.core.status import RunView, view_of
-from tui.history import Launch
-from tui.messages import (
-    AlertRaised,
-    GpusChanged,
-    HistoryShown,
-    LogLines,
-    PreflightShown,
-    ProcsChanged,
-    RootCauseFound,
-    RunChanged,
-    RunReset,
-    SpecDecodeChanged,
-)
-from tui.supervisor import (
+from tui.supervise.history import Launch
+from tui.supervise.supervisor import (
     Fatal,
     GpusSeen,
     HistoryLoaded,

@@ -18,7 +18,7 @@ from tui.remote.session import MODULE_FIX, Session, python_missing
 
 def agent_code() -> bytes:
     """The agent's source, shipped inside the package and sent to the host on every call."""
-    return resources.files("tui.agent").joinpath("remote_agent.py").read_bytes()
+    return resources.files("tui.agent").joinpath("main.py").read_bytes()
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,11 +24,11 @@ from tui.core.errors import PreflightFailed, RunNotFound, SpecconsoleError
 from tui.core.profile import Profile
 from tui.core.protocol import Killed, RunRecord
 from tui.core.state import Death, Died, LineAdded
-from tui.history import History
 from tui.remote import launcher
 from tui.remote.session import open_session
-from tui.runs import Member, Run, SingleRun
-from tui.supervisor import Fatal, Notice, RunInfo, SessionOpener, Supervisor
+from tui.supervise.history import History
+from tui.supervise.runs import Member, Run, SingleRun
+from tui.supervise.supervisor import Fatal, Notice, RunInfo, SessionOpener, Supervisor
 
 JOIN_POLL_S = 0.05
 
@@ -71,7 +71,7 @@ class ClusterRun:
         self.sups = {m.name: Supervisor(m.profile, environ=environ, opener=opener, clock=clock,
                                         history=history if m.serves else None, serves=m.serves)
                      for m in self.parts}
-        # the console's view: every host alike (tui.runs), acted on through this run only
+        # the console's view: every host alike (tui.supervise.runs), acted on through this run only
         self.members = [Member(m.host, m.name, self.sups[m.name]) for m in self.parts]
         self.died: RunDied | None = None
         self.joined: dict[str, float] = {}

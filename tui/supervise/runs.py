@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from tui.supervisor import Supervisor
+from tui.supervise.supervisor import Supervisor
 
 
 @dataclass(frozen=True, slots=True)

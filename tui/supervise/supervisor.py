@@ -63,11 +63,11 @@ from tui.core.state import (
     State,
     StateChanged,
 )
-from tui.history import History, Launch
-from tui.hooks import hook_env, run_hook
 from tui.remote import launcher
 from tui.remote.agent_link import stream_agent
 from tui.remote.session import Session, check_python, open_session
+from tui.supervise.history import History, Launch
+from tui.supervise.hooks import hook_env, run_hook
 
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 10.0
@@ -207,7 +207,7 @@ class Supervisor:
                  clock: Callable[[], float] = time.time,
                  history: History | None = None, serves: bool = True) -> None:
         self.profile = profile
-        # False: one host's part of a multi-host run (tui.group): no health, smoke or stall of
+        # False: one host's part of a multi-host run (supervise.group): no health, smoke or stall of
         # its own; the server's member answers for the run
         self.serves = serves
         self.hook_allowed: Callable[[str], bool] = lambda event: True  # the group's say

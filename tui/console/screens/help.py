@@ -11,7 +11,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from tui.keys import KEYS
+from tui.console.keys import KEYS
 
 
 class HelpScreen(ModalScreen[None]):

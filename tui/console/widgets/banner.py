@@ -6,8 +6,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from tui.console.messages import AlertRaised
 from tui.core.logline import strip_escapes
-from tui.messages import AlertRaised
 
 # the worst news stays up: a later, milder alert does not hide a death
 _RANK = {"dead": 5, "error": 4, "stalled": 3, "link": 3, "killing": 2, "stopped": 2,

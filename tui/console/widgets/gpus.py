@@ -6,9 +6,9 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
+from tui.console.messages import GpusChanged
+from tui.console.widgets.format import bar, gib, sparkline
 from tui.core.gpuview import GpuRow
-from tui.messages import GpusChanged
-from tui.widgets.format import bar, gib, sparkline
 
 
 class GpuPane(Widget, can_focus=True):

@@ -22,9 +22,9 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Input, Static
 
+from tui.console.messages import LogLines, RootCauseFound, RunReset
 from tui.core.logline import keep_colours
 from tui.core.logwindow import Entry, LogWindow
-from tui.messages import LogLines, RootCauseFound, RunReset
 
 CAUSE_MARK = "▶ ROOT CAUSE "
 MAX_DRAWN = 2000

@@ -11,8 +11,7 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Static
 
-from tui.core.logwindow import LogWindow
-from tui.messages import (
+from tui.console.messages import (
     AlertRaised,
     GpusChanged,
     HistoryShown,
@@ -24,11 +23,12 @@ from tui.messages import (
     RunReset,
     SpecDecodeChanged,
 )
-from tui.widgets.banner import Banner
-from tui.widgets.gpus import GpuPane
-from tui.widgets.logs import LogPane, LogView
-from tui.widgets.procs import ProcPane
-from tui.widgets.timeline import TimelinePane
+from tui.console.widgets.banner import Banner
+from tui.console.widgets.gpus import GpuPane
+from tui.console.widgets.logs import LogPane, LogView
+from tui.console.widgets.procs import ProcPane
+from tui.console.widgets.timeline import TimelinePane
+from tui.core.logwindow import LogWindow
 
 PANES = ("pane-logs", "pane-gpus", "pane-procs", "pane-timeline")
 PANE_TITLES = {"pane-gpus": "GPUs", "pane-procs": "Processes", "pane-logs": "Logs",

@@ -6,9 +6,9 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable
 
+from tui.console.messages import ProcsChanged
+from tui.console.widgets.format import age, size
 from tui.core.proctree import ProcRow
-from tui.messages import ProcsChanged
-from tui.widgets.format import age, size
 
 COLUMNS = (("pid", 7), ("process", 19), ("state", 14), ("CPU %", 5), ("RSS", 6),
            ("GPU", 6), ("age", 6))

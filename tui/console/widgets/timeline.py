@@ -6,11 +6,11 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
+from tui.console.messages import HistoryShown, PreflightShown, RunChanged, SpecDecodeChanged
+from tui.console.widgets.format import bar, sparkline
 from tui.core.describe import duration
 from tui.core.protocol import Check
 from tui.core.status import RunView, timeline_rows
-from tui.messages import HistoryShown, PreflightShown, RunChanged, SpecDecodeChanged
-from tui.widgets.format import bar, sparkline
 
 
 class TimelinePane(Widget, can_focus=True):
