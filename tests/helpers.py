@@ -15,6 +15,8 @@ from typing import Any
 import psutil
 from textual.pilot import Pilot
 
+from tui.sim import FAKENVML_DIR
+
 RUN_ID_ENV = "SPECCONSOLE_RUN_ID"
 
 
@@ -138,6 +140,7 @@ scenario = "{scenario}"
 time_scale = {time_scale}
 gpus = {gpus}
 gpu_state = "{tmp / 'gpus'}"
+nvml = "{FAKENVML_DIR}"
 """
 
 

@@ -15,7 +15,7 @@ from helpers import free_port, wait_for
 
 from tui.core.logline import parse_line
 from tui.core.noise import NoiseFilter, builtin_rules
-from tui.sim import engine
+from tui.sim import api_server
 from tui.sim.flood import flood_lines, pour
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,11 +46,11 @@ def test_pour_writes_whole_lines_and_stops_when_told() -> None:
 
 
 def test_the_option_is_checked_and_not_shown_as_vllms() -> None:
-    args, extra = engine.parse_args(["serve", "m", "--sim-flood", "2000"])
+    args, extra = api_server.parse_args(["serve", "m", "--sim-flood", "2000"])
     assert args.sim_flood == 2000
-    assert "sim_flood" not in engine.non_default_args(args, extra)
+    assert "sim_flood" not in api_server.non_default_args(args, extra)
     with pytest.raises(SystemExit):
-        engine.parse_args(["serve", "m", "--sim-flood", "0"])
+        api_server.parse_args(["serve", "m", "--sim-flood", "0"])
 
 
 def test_a_serving_engine_floods_until_it_is_stopped(tmp_path: Path) -> None:

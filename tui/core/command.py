@@ -9,6 +9,7 @@ travel in the agent's stdin spec, never in argv, and are redacted from anything 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import sys
@@ -102,6 +103,32 @@ def _sim_args(sim: SimulateConfig) -> list[str]:
     argv = ["--sim-scenario", sim.scenario, "--sim-time-scale", str(sim.time_scale),
             "--sim-gpus", str(sim.gpus)]
     return argv + (["--sim-gpu-state", sim.gpu_state] if sim.gpu_state else [])
+
+
+# Where the simulated workers write their GPU state and the stand-in NVML reads it (the
+# simulation's own tui/sim/gpu_state.py names the same variable; a test keeps them equal).
+SIM_GPU_STATE_ENV = "SPECCONSOLE_SIM_GPU_STATE"
+
+
+def sim_gpu_state(sim: SimulateConfig, environ: Mapping[str, str]) -> str:
+    """The simulated GPUs' state directory: the profile's, else $SPECCONSOLE_SIM_GPU_STATE,
+    else ~/.specconsole/sim-gpus (the simulated engine's own default)."""
+    path = sim.gpu_state or environ.get(SIM_GPU_STATE_ENV) or "~/.specconsole/sim-gpus"
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def sim_agent_env(profile: Profile, environ: Mapping[str, str]) -> dict[str, str]:
+    """The agent's environment for a simulated profile: the stand-in NVML that `[simulate]
+    nvml` names first on its paths (a `pynvml.py` on PYTHONPATH, a `libnvidia-ml.so.1` on
+    LD_LIBRARY_PATH: whichever the directory holds is found), and the GPU state it reads.
+    Empty for a real profile: the host's own NVML."""
+    sim = profile.simulate
+    if sim is None:
+        return {}
+    env = {SIM_GPU_STATE_ENV: sim_gpu_state(sim, environ), "SPECCONSOLE_SIM_GPUS": str(sim.gpus)}
+    if sim.nvml:
+        env |= {"PYTHONPATH": sim.nvml, "LD_LIBRARY_PATH": sim.nvml}
+    return env
 
 
 def resolve_secrets(profile: Profile, environ: Mapping[str, str]) -> dict[str, str]:

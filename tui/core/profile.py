@@ -15,7 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +168,8 @@ class SimulateConfig:
     gpus: int = 8
     gpu_state: str | None = None
     fault_host: str | None = None  # a multi-host launch: only this host plays the scenario
+    # the directory of the stand-in NVML the agent loads (a relative path is the profile's)
+    nvml: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +294,10 @@ def loads_profile(text: str, path: str | Path,
         key = e.sub.lstrip(".")
         shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in key)  # stays one line
         raise ProfileError(str(path), e.message, key=shown, line=_find_line(text, key)) from None
+    sim = values.get("simulate")
+    if sim is not None and sim.nvml and not sim.nvml.startswith(("/", "~")):
+        values["simulate"] = replace(sim, nvml=os.path.normpath(
+            Path(path).resolve().parent / sim.nvml))
     return Profile(path=str(path), name=Path(path).stem, **values)
 
 
@@ -432,7 +438,8 @@ def _json_value(value: Any) -> Any:
 # else is, so argv text and patterns stay literal.
 _EXPANDED = (("host", "python"), ("host", "workdir"), ("host", "runs_dir"),
              ("server", "model"), ("server", "executable"), ("server", "env"),
-             ("server", "speculative", "model"), ("preflight", "compile_files"))
+             ("server", "speculative", "model"), ("preflight", "compile_files"),
+             ("simulate", "gpu_state"), ("simulate", "nvml"))
 
 
 def _expand(data: dict[str, Any], environ: Mapping[str, str]) -> None:
@@ -644,7 +651,7 @@ _SMOKE = {"enabled": _bool, "kind": _one_of(("completion", "chat")), "prompt": _
           "max_tokens": _bounded(_int, 1, 4096), "timeout": _duration}
 _SIMULATE = {
     "scenario": _one_of(SCENARIOS), "time_scale": _POSITIVE, "gpus": _bounded(_int, 1),
-    "gpu_state": _str, "fault_host": _str,
+    "gpu_state": _str, "fault_host": _str, "nvml": _str,
 }
 _TOP = {
     "host": _section(HostConfig, _HOST, ("target",)),

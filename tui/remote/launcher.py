@@ -7,12 +7,20 @@ agent specs and the agent's answers into typed results.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tui.core.command import build_server_argv, host_python, new_run_id, resolve_secrets
+from tui.core.command import (
+    SIM_GPU_STATE_ENV,
+    build_server_argv,
+    host_python,
+    new_run_id,
+    resolve_secrets,
+    sim_agent_env,
+)
 from tui.core.errors import AgentError
 from tui.core.profile import Profile
 from tui.core.protocol import (
@@ -30,24 +38,12 @@ from tui.core.protocol import (
 from tui.core.speculative import speculative_checks
 from tui.remote.agent_link import AgentTarget, call_agent, stream_agent
 from tui.remote.session import Session
-from tui.sim import FAKENVML_DIR, gpu_state
-
-
-def sim_gpu_state(profile: Profile) -> str | None:
-    sim = profile.simulate
-    if sim is None:
-        return None
-    return gpu_state.state_dir(sim.gpu_state)
 
 
 def agent_target(profile: Profile) -> AgentTarget:
-    """The agent's interpreter; a simulated run also gets the fake NVML first on its path."""
-    sim, state = profile.simulate, sim_gpu_state(profile)
-    if sim is None or state is None:
-        return AgentTarget(host_python(profile))
-    return AgentTarget(host_python(profile), {
-        "PYTHONPATH": FAKENVML_DIR, "SPECCONSOLE_SIM_GPU_STATE": state,
-        "SPECCONSOLE_SIM_GPUS": str(sim.gpus)})
+    """The agent's interpreter; a simulated run's agent also gets the stand-in NVML and the
+    simulated GPUs' state the profile names (tui.core.command.sim_agent_env)."""
+    return AgentTarget(host_python(profile), sim_agent_env(profile, os.environ))
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +60,8 @@ def plan_launch(profile: Profile, environ: Mapping[str, str],
                 now: float | None = None) -> LaunchPlan:
     secrets = resolve_secrets(profile, environ)
     env = {"PYTHONUNBUFFERED": "1", **profile.server.env, **secrets}
-    state = sim_gpu_state(profile)
-    if state is not None:
-        env["SPECCONSOLE_SIM_GPU_STATE"] = state
+    if SIM_GPU_STATE_ENV in (sim := sim_agent_env(profile, environ)):
+        env[SIM_GPU_STATE_ENV] = sim[SIM_GPU_STATE_ENV]
     return LaunchPlan(new_run_id(profile.name, now if now is not None else time.time()),
                       build_server_argv(profile, host_python(profile)), env,
                       tuple(v for v in secrets.values() if v))

@@ -20,9 +20,6 @@ node R runs with --headless (no API server, no engine core: only its ranks [R*TP
 spawned at the head's request; its --sim-scenario overrides the head's for them). With
 --distributed-executor-backend ray the engine core has the Ray head place all the ranks.
 
-`--sim-engine sglang` (anywhere in argv) plays SGLang instead, with its arguments and process
-tree: `tui/sim/sglang/launcher.py`.
-
 Faults for the kill and leftover tests (simulation only): --sim-orphans (the engine core and
 workers outlive a killed API server, as real vLLM's do), --sim-ignore-sigterm (every process
 ignores SIGTERM: only SIGKILL ends the run), --sim-escapee (one more process of the run that
@@ -35,7 +32,6 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from typing import Any
@@ -44,9 +40,9 @@ from tui.sim import cluster, failures, flood, gpu_state, lines, node, runtime
 from tui.sim import timeline as tl
 from tui.sim.http_api import ServingState, SimHTTPServer
 from tui.sim.runtime import SimClock, Terminated
+from tui.sim.scenarios import SCENARIOS, positive
 from tui.sim.simlog import SimLog
 
-SCENARIOS = ("ready", "syntax-error", "oom", "hang", "engine-killed")
 VLLM_DEFAULT_PORT = 8000
 
 
@@ -58,16 +54,6 @@ def _json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("expected a JSON object")
     return value
-
-
-def positive(kind: type) -> Any:
-    """An argparse type: a `kind` above 0 (shared with tui/sim/sglang/launcher.py)."""
-    def parse(text: str) -> Any:
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0: {text}")
-        return value
-    return parse
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -348,26 +334,10 @@ class ApiServer:
                 self.engine.wait()
 
 
-def main(argv: list[str] | None = None) -> int:
-    engine, rest = _engine(sys.argv[1:] if argv is None else argv)
-    if engine == "sglang":
-        from tui.sim.sglang import launcher  # it imports this module: SCENARIOS
-
-        return launcher.main(rest)
-    args, extra = parse_args(rest)
+def main(argv: list[str]) -> int:
+    """`serve ...`, as `vllm serve` takes it (after engine.py took `--sim-engine` away)."""
+    args, extra = parse_args(argv)
     nodes = cluster.parse_options(extra, args.tensor_parallel_size)
     if nodes.headless:
-        return node.run_headless(args, nodes, cluster.explicit_scenario(rest))
+        return node.run_headless(args, nodes, cluster.explicit_scenario(argv))
     return ApiServer(args, extra, nodes).run()
-
-
-def _engine(argv: list[str]) -> tuple[str, list[str]]:
-    """`--sim-engine vllm|sglang`: the server this plays, and the rest of argv."""
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--sim-engine", choices=("vllm", "sglang"), default="vllm")
-    known, rest = pre.parse_known_args(argv)
-    return known.sim_engine, rest
-
-
-if __name__ == "__main__":
-    sys.exit(main())

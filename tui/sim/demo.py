@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 
 from tui.core.profile import Profile, loads_profile
+from tui.sim import FAKENVML_DIR
 
 DEMO_TEMPLATE = """
 [host]
@@ -42,6 +43,7 @@ enabled = true
 scenario = "{scenario}"
 time_scale = {time_scale}
 gpus = 8
+nvml = "{nvml}"
 """
 
 
@@ -62,5 +64,6 @@ def demo_profile(scenario: str, time_scale: float, engine: str = "vllm") -> Prof
     stall = max(3.0, 600.0 / time_scale)
     text = DEMO_TEMPLATE.format(port=free_port(), scenario=scenario, time_scale=time_scale,
                                 stall=f"{stall:g}", load=f"{25 * 60 / time_scale:g}",
-                                engine=engine, draft_sizes=DRAFT_SIZES[engine])
+                                engine=engine, draft_sizes=DRAFT_SIZES[engine],
+                                nvml=FAKENVML_DIR)
     return loads_profile(text, f"demo-{scenario}.toml")

@@ -17,7 +17,7 @@ from typing import Any
 
 from tui.sim.timeline import DEVICE_NAME, DEVICE_TOTAL
 
-STATE_ENV = "SPECCONSOLE_SIM_GPU_STATE"
+STATE_ENV = "SPECCONSOLE_SIM_GPU_STATE"  # as tui.core.command.SIM_GPU_STATE_ENV
 
 
 def state_dir(explicit: str | None = None) -> str:

@@ -28,10 +28,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-from tui.sim import cluster, engine, gpu_state, runtime
+from tui.sim import cluster, gpu_state, runtime
 from tui.sim.cluster import Link, Message
 from tui.sim.node import NodeAgent
 from tui.sim.runtime import Runtime, SimClock
+from tui.sim.scenarios import SCENARIOS
 from tui.sim.simlog import SimLog
 
 DEFAULT_PORT = 6379
@@ -207,7 +208,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     start.add_argument("--node-ip-address", default="127.0.0.1")
     start.add_argument("--num-gpus", type=int)
     start.add_argument("--block", action="store_true", help="(the simulation always blocks)")
-    start.add_argument("--sim-scenario", choices=engine.SCENARIOS,
+    start.add_argument("--sim-scenario", choices=SCENARIOS,
                        help="the scenario of this node's workers (default: the driver's)")
     start.add_argument("--sim-gpu-state", help="fake NVML state dir (default: "
                        f"${gpu_state.STATE_ENV} or ~/.specconsole/sim-gpus)")

@@ -32,9 +32,9 @@ from typing import Any
 from tui.sim import failures, gpu_state, runtime
 from tui.sim import lines as vllm_lines
 from tui.sim import timeline as tl
-from tui.sim.engine import SCENARIOS, positive
 from tui.sim.http_api import ServingState, SimHTTPServer
 from tui.sim.runtime import SimClock, Terminated
+from tui.sim.scenarios import SCENARIOS, positive
 from tui.sim.sglang import lines
 from tui.sim.sglang import schedule as S
 from tui.sim.sglang.log import SGLangLog
