@@ -1,9 +1,8 @@
-"""The remote agent, run exactly as the product runs it (bootstrap + code + spec on stdin),
+"""The remote agent, run exactly as the product runs it (bootstrap + archive + spec on stdin),
 against real process trees: real forks, real signals, real zombies, no mocks."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import os
@@ -18,19 +17,42 @@ import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
 from helpers import carriers, wait_for
 
+from tui.remote.agent_archive import agent_archive
+
 ROOT = Path(__file__).resolve().parents[1]
-AGENT = ROOT / "tui" / "agent" / "remote_agent.py"
+ARCHIVE = agent_archive()
 FAKENVML = ROOT / "tui" / "sim" / "fakenvml"
 PY = sys.executable
 # Copied from tui/core/protocol.py on purpose: the test pins the agreed bootstrap, not a copy
 # that would follow a change there.
-BOOTSTRAP = ("import sys;n=int(sys.stdin.buffer.readline());exec(compile(sys.stdin.buffer.read(n),"
-             "'remote_agent.py','exec'),{'__name__':'__main__'})")
+BOOTSTRAP = (
+    'import sys,os,hashlib,json\n'
+    'h=sys.argv.pop(1);r=sys.stdin.buffer;n=int(r.readline());b=r.read(n)\n'
+    "d=os.path.expanduser('~/.specconsole/agent');p=os.path.join(d,h+'.pyz')\n"
+    'def good():\n'
+    ' try:\n'
+    "  with open(p,'rb') as f:return hashlib.sha256(f.read()).hexdigest()==h\n"
+    ' except OSError:return False\n'
+    'def fail(k,m):\n'
+    " print(json.dumps({'t':'error','v':1,'kind':k,'message':m}),flush=True);sys.exit(4)\n"
+    'if not good() and b and hashlib.sha256(b).hexdigest()==h:\n'
+    " t=p+'.%d'%os.getpid()\n"
+    ' try:\n'
+    '  os.makedirs(d,0o700,exist_ok=True)\n'
+    "  with open(t,'wb') as f:f.write(b)\n"
+    '  os.replace(t,p)\n'
+    " except OSError as e:fail('agent_cache','cannot write '+p+': '+str(e.strerror or e))\n"
+    "if not good():fail('agent_missing','no agent '+h[:12]+' in '+d)\n"
+    'sys.path.insert(0,p)\n'
+    'from specconsole_agent.main import main\n'
+    'sys.exit(main())'
+)
 ENV_KEY = "SPECCONSOLE_RUN_ID"
 
 needs_fakenvml = pytest.mark.skipif(not (FAKENVML / "pynvml.py").exists(),
@@ -46,7 +68,7 @@ def agent_env(pythonpath: str | None = None, **extra: str) -> dict[str, str]:
 
 
 def agent_input(spec: dict | bytes) -> bytes:
-    code = AGENT.read_bytes()
+    code = ARCHIVE.data
     line = spec if isinstance(spec, bytes) else json.dumps(spec).encode() + b"\n"
     return b"%d\n" % len(code) + code + line
 
@@ -54,7 +76,7 @@ def agent_input(spec: dict | bytes) -> bytes:
 def run_agent(sub: str, spec: dict | bytes, env: dict | None = None,
               timeout: float = 30) -> tuple[int, list[dict]]:
     """A one-shot subcommand; returns (exit code, messages)."""
-    res = subprocess.run([PY, "-u", "-c", BOOTSTRAP, sub], input=agent_input(spec),
+    res = subprocess.run([PY, "-u", "-c", BOOTSTRAP, ARCHIVE.digest, sub], input=agent_input(spec),
                          capture_output=True, env=env or agent_env(), timeout=timeout)
     return res.returncode, [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
 
@@ -63,7 +85,8 @@ class Agent:
     """A streaming agent: stdin held open, messages stamped on arrival by a reader thread."""
 
     def __init__(self, sub: str, spec: dict, env: dict | None = None) -> None:
-        self.proc = subprocess.Popen([PY, "-u", "-c", BOOTSTRAP, sub], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([PY, "-u", "-c", BOOTSTRAP, ARCHIVE.digest, sub],
+                                     stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=env or agent_env())
         assert self.proc.stdin is not None
         self.proc.stdin.write(agent_input(spec))
@@ -150,10 +173,11 @@ def log_text(run_dir: Path) -> str:
 
 @pytest.fixture(scope="module")
 def agent_module():
-    spec = importlib.util.spec_from_file_location("remote_agent_under_test", AGENT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The agent's helpers, from the package its archive is built of."""
+    from tui.agent import logtail, names, procfs, redaction
+
+    return SimpleNamespace(**{k: v for m in (logtail, names, procfs, redaction)
+                              for k, v in vars(m).items() if not k.startswith("__")})
 
 
 @pytest.mark.parametrize(("argv", "comm", "top", "name"), [
@@ -801,7 +825,7 @@ print('sleeper', sleeper.pid, flush=True)
 while not os.path.exists('go'):
     time.sleep(0.02)
 with open('kill.in', 'rb') as spec, open('kill.out', 'wb') as out:
-    rc = subprocess.run([sys.executable, '-c', sys.argv[1], 'kill'], stdin=spec,
+    rc = subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2], 'kill'], stdin=spec,
                         stdout=out).returncode
 print('agent rc', rc, flush=True)
 time.sleep(60)
@@ -811,7 +835,7 @@ time.sleep(60)
 def test_kill_spares_itself_and_its_ancestors_inside_the_run_group(tmp_path: Path, runs) -> None:
     """A kill agent that is itself in the run's process group (started by the server) must not
     TERM the group: that would kill the agent and its parent.  It signals one by one."""
-    run_dir, launched = runs([PY, "-c", KILL_FROM_INSIDE, BOOTSTRAP])
+    run_dir, launched = runs([PY, "-c", KILL_FROM_INSIDE, BOOTSTRAP, ARCHIVE.digest])
     wait_for(lambda: "sleeper " in log_text(run_dir), what="the sleeper")
     sleeper = int(log_text(run_dir).split("sleeper ")[1].split()[0])
     (tmp_path / "kill.in").write_bytes(agent_input({"run_dir": str(run_dir), "grace": 0.5}))

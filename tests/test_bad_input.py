@@ -32,7 +32,7 @@ import pytest
 from helpers import carriers, free_port, sim_profile, until
 from sshserver import SSHTestServer
 
-from tui import cli
+from tui.cli import main as cli
 from tui.console.app import ConsoleApp
 from tui.console.widgets.banner import Banner
 from tui.console.widgets.logs import LogView

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 from rich.style import Style
 
-from tui import cli
+from tui.cli import main as cli
 from tui.console.alerts import restore_command, title_sequence, window_name_command
 from tui.console.app import ConsoleApp
 from tui.console.keys import KEYS, bindings

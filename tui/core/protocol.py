@@ -1,6 +1,6 @@
 """The agent's wire protocol: versioned JSON lines decoded into typed events.
 
-The agent (tui/agent/remote_agent.py) cannot import this module — it stands alone on the GPU
+The agent (tui/agent/) cannot import this module — it stands alone on the GPU
 host — so the version number and message shapes are repeated there; `PROTOCOL_VERSION` must match.
 Decoding never raises on a field the agent could not fill: missing values become None.
 """
@@ -16,11 +16,32 @@ from tui.core.logline import strip_escapes
 
 PROTOCOL_VERSION = 1
 
-# The bootstrap reads the agent's code from stdin, then leaves stdin to the agent (spec line,
-# then EOF to stop), so secrets travel in the spec on stdin and never on a command line.
+# The bootstrap, run as `python -u -c BOOTSTRAP <sha256> <subcommand>`: stdin brings a length
+# line and that many bytes of the agent's archive (0 when the host already keeps it in
+# ~/.specconsole/agent/<sha256>.pyz), then the spec as one JSON line, then EOF to stop. So one
+# transfer carries code and spec, and secrets travel on stdin, never on a command line. An
+# archive the host lacks (or that fails its hash) is an `agent_missing` error: send it again.
 AGENT_BOOTSTRAP = (
-    "import sys;n=int(sys.stdin.buffer.readline());"
-    "exec(compile(sys.stdin.buffer.read(n),'remote_agent.py','exec'),{'__name__':'__main__'})"
+    "import sys,os,hashlib,json\n"
+    "h=sys.argv.pop(1);r=sys.stdin.buffer;n=int(r.readline());b=r.read(n)\n"
+    "d=os.path.expanduser('~/.specconsole/agent');p=os.path.join(d,h+'.pyz')\n"
+    "def good():\n"
+    " try:\n"
+    "  with open(p,'rb') as f:return hashlib.sha256(f.read()).hexdigest()==h\n"
+    " except OSError:return False\n"
+    "def fail(k,m):\n"
+    " print(json.dumps({'t':'error','v':1,'kind':k,'message':m}),flush=True);sys.exit(4)\n"
+    "if not good() and b and hashlib.sha256(b).hexdigest()==h:\n"
+    " t=p+'.%d'%os.getpid()\n"
+    " try:\n"
+    "  os.makedirs(d,0o700,exist_ok=True)\n"
+    "  with open(t,'wb') as f:f.write(b)\n"
+    "  os.replace(t,p)\n"
+    " except OSError as e:fail('agent_cache','cannot write '+p+': '+str(e.strerror or e))\n"
+    "if not good():fail('agent_missing','no agent '+h[:12]+' in '+d)\n"
+    "sys.path.insert(0,p)\n"
+    "from specconsole_agent.main import main\n"
+    "sys.exit(main())"
 )
 
 
@@ -337,6 +358,7 @@ def decode(line: bytes | str, host: str = "agent") -> AgentEvent:
         raise AgentError(host, f"unreadable agent message ({exc!s}): {text[:120]!r}") from None
 
 
-def agent_stdin(code: bytes, spec: dict[str, Any]) -> bytes:
-    """The bytes that feed AGENT_BOOTSTRAP: length line, code, then the spec as one JSON line."""
-    return b"%d\n" % len(code) + code + json.dumps(spec).encode() + b"\n"
+def agent_stdin(archive: bytes, spec: dict[str, Any]) -> bytes:
+    """The bytes that feed AGENT_BOOTSTRAP: length line, the archive (b"" when the host keeps
+    it), then the spec as one JSON line."""
+    return b"%d\n" % len(archive) + archive + json.dumps(spec).encode() + b"\n"

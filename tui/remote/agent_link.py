@@ -1,24 +1,34 @@
 """Running the agent on a host: one-shot calls and the long-lived watch stream.
 
-The agent's code and its spec go over stdin (see tui.core.protocol.AGENT_BOOTSTRAP); its
-stdout is JSON lines. Failures to start it become typed errors naming the host and the fix.
+The agent's archive and its spec go over stdin (see tui.core.protocol.AGENT_BOOTSTRAP); the
+archive only until the host is known to keep it (then its hash alone names it); its stdout is
+JSON lines. Failures to start it become typed errors naming the host and the fix.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
 from tui.core.errors import AgentError, RemoteModuleMissing
 from tui.core.protocol import AGENT_BOOTSTRAP, AgentEvent, AgentFault, agent_stdin, decode
+from tui.remote.agent_archive import agent_archive
 from tui.remote.session import MODULE_FIX, Session, python_missing
 
+# (host, interpreter) pairs whose cache holds the current archive: its bytes need not travel
+_CACHED: set[tuple[str, str]] = set()
+_MISSING = "agent_missing"
 
-def agent_code() -> bytes:
-    """The agent's source, shipped inside the package and sent to the host on every call."""
-    return resources.files("tui.agent").joinpath("main.py").read_bytes()
+
+def _stdin(session: Session, target: AgentTarget, spec: dict[str, Any]) -> bytes:
+    archive = agent_archive()
+    known = (session.host, target.python) in _CACHED
+    return agent_stdin(b"" if known else archive.data, spec)
+
+
+def _missing(events: list[AgentEvent]) -> bool:
+    return any(isinstance(ev, AgentFault) and ev.kind == _MISSING for ev in events)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +44,8 @@ class AgentTarget:
         return [*prefix, self.python]
 
     def argv(self, subcommand: str) -> list[str]:
-        return [*self.interpreter(), "-u", "-c", AGENT_BOOTSTRAP, subcommand]
+        return [*self.interpreter(), "-u", "-c", AGENT_BOOTSTRAP, agent_archive().digest,
+                subcommand]
 
 
 def _start_failure(session: Session, target: AgentTarget, code: int, stderr: str,
@@ -56,7 +67,16 @@ def _start_failure(session: Session, target: AgentTarget, code: int, stderr: str
 async def call_agent(session: Session, target: AgentTarget, subcommand: str,
                      spec: dict[str, Any], timeout: float | None = 120) -> list[AgentEvent]:
     """Run a one-shot agent subcommand and return its decoded messages."""
-    result = await session.run(target.argv(subcommand), agent_stdin(agent_code(), spec), timeout)
+    events = await _call(session, target, subcommand, spec, timeout)
+    if _missing(events):  # the host's cache was emptied since: send the archive again
+        _CACHED.discard((session.host, target.python))
+        events = await _call(session, target, subcommand, spec, timeout)
+    return events
+
+
+async def _call(session: Session, target: AgentTarget, subcommand: str,
+                spec: dict[str, Any], timeout: float | None) -> list[AgentEvent]:
+    result = await session.run(target.argv(subcommand), _stdin(session, target, spec), timeout)
     events: list[AgentEvent] = []
     for raw in result.stdout.splitlines():
         if raw.strip():
@@ -65,35 +85,43 @@ async def call_agent(session: Session, target: AgentTarget, subcommand: str,
             except AgentError:
                 if result.returncode == 0:
                     raise
+    if _missing(events):
+        return events
     err = _start_failure(session, target, result.returncode,
                          result.stderr.decode("utf-8", "replace"), events)
     if err is not None:
         raise err
+    _CACHED.add((session.host, target.python))
     return events
 
 
 async def stream_agent(session: Session, target: AgentTarget, subcommand: str,
                        spec: dict[str, Any]) -> AsyncIterator[AgentEvent]:
     """Run a streaming agent subcommand; yields events until the agent ends or is closed."""
-    stream = await session.stream(target.argv(subcommand), agent_stdin(agent_code(), spec))
-    events_seen = 0
-    try:
-        while True:
-            raw = await stream.readline()
-            if not raw:
-                break
-            if not raw.strip():
-                continue
-            event = decode(raw, session.host)
-            events_seen += 1
-            if isinstance(event, AgentFault) and event.kind == "missing_module":
-                raise _start_failure(session, target, 3, "", [event]) or AgentError(
-                    session.host, event.message)
-            yield event
-        code = await stream.wait()
-        if events_seen == 0:
-            err = _start_failure(session, target, code, await stream.stderr_text(), [])
-            if err is not None:
-                raise err
-    finally:
-        stream.terminate()
+    for attempt in (1, 2):
+        stream = await session.stream(target.argv(subcommand), _stdin(session, target, spec))
+        try:
+            events_seen = 0
+            while raw := await stream.readline():
+                if not raw.strip():
+                    continue
+                event = decode(raw, session.host)
+                if events_seen == 0 and _missing([event]) and attempt == 1:
+                    _CACHED.discard((session.host, target.python))  # send the archive again
+                    break
+                events_seen += 1
+                if isinstance(event, AgentFault) and event.kind == "missing_module":
+                    raise _start_failure(session, target, 3, "", [event]) or AgentError(
+                        session.host, event.message)
+                if events_seen == 1:
+                    _CACHED.add((session.host, target.python))
+                yield event
+            else:
+                code = await stream.wait()
+                if events_seen == 0:
+                    err = _start_failure(session, target, code, await stream.stderr_text(), [])
+                    if err is not None:
+                        raise err
+                return
+        finally:
+            stream.terminate()

@@ -1,0 +1,135 @@
+"""`launch`: start the server detached (new session, own process group) under a monitor that
+records its pid and its exit, with all output appended to the run's server.log."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+
+from .procfs import read_stat
+from .redaction import redact, secret_hashes
+from .rundir import ENV_KEY, read_json, write_json_atomic
+from .wire import AGENT_VERSION, AgentFailure, SpecError, emit, spec_strings, spec_value
+
+
+def cmd_launch(spec: dict) -> int:
+    run_id = spec_value(spec, "run_id", str)
+    if not run_id or "/" in run_id or run_id in (".", ".."):
+        raise SpecError(f"bad run_id {run_id!r}")
+    argv = spec_strings(spec, "argv")
+    if not argv:
+        raise SpecError("spec 'argv' is empty")
+    env = spec_value(spec, "env", dict, {}) or {}
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise SpecError("spec 'env' must map strings to strings")
+    secrets = spec_strings(spec, "redact")
+    cwd = spec_value(spec, "cwd", str, None)
+    cwd = os.path.abspath(os.path.expanduser(cwd)) if cwd else os.getcwd()
+    runs_dir = os.path.expanduser(spec_value(spec, "runs_dir", str))
+    run_dir = os.path.abspath(os.path.join(runs_dir, run_id))
+    try:
+        os.makedirs(runs_dir, mode=0o700, exist_ok=True)
+        os.mkdir(run_dir, 0o700)
+    except FileExistsError:
+        raise AgentFailure("run_exists", f"{run_dir} already exists") from None
+    except OSError as exc:
+        raise AgentFailure("run_dir", f"cannot create {run_dir}: {exc.strerror or exc} — "
+                           f"{_runs_dir_fix(exc)}") from None
+    log = os.path.join(run_dir, "server.log")
+    try:
+        os.chmod(run_dir, 0o700)
+        write_json_atomic(os.path.join(run_dir, "launch.json"), {
+            "run_id": run_id, "profile_key": spec.get("profile_key"),
+            "argv": [redact(a, secrets) for a in argv], "env_names": sorted(env),
+            "cwd": redact(cwd, secrets), "started": time.time(), "agent_version": AGENT_VERSION,
+            "secret_hashes": secret_hashes(secrets),
+        })
+        log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError as exc:  # a full disk: no half-made run is left behind
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise AgentFailure("run_dir", f"cannot write in {run_dir}: {exc.strerror or exc} — "
+                           f"{_runs_dir_fix(exc)}") from None
+    server_env = dict(os.environ)
+    server_env.update(env)
+    server_env[ENV_KEY] = run_id
+    # setproctitle (vLLM's VLLM::EngineCore titles) would otherwise overwrite
+    # /proc/<pid>/environ, hiding the run id from the sweep
+    server_env.setdefault("SPT_NOENV", "1")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = os.fork()
+    if child == 0:  # the monitor-to-be; it never returns into the agent
+        status = 0
+        try:
+            _become_monitor(run_dir, log_fd, argv, server_env, cwd)
+        except BaseException:
+            traceback.print_exc()  # fd 2 is server.log by then, or still the agent's stderr
+            status = 1
+        os._exit(status)
+    os.close(log_fd)
+    os.waitpid(child, 0)
+    pid_path = os.path.join(run_dir, "pid")
+    deadline = time.monotonic() + 30
+    while (info := read_json(pid_path)) is None:
+        if time.monotonic() > deadline:
+            raise AgentFailure("launch_timeout", f"the monitor wrote no pid file in {run_dir}")
+        time.sleep(0.005)
+    if info.get("pid") is None:
+        failure = read_json(os.path.join(run_dir, "exit.json")) or {}
+        raise AgentFailure("exec_failed", str(failure.get("error") or "the server did not start"))
+    emit("launched", run_id=run_id, run_dir=run_dir, pid=info["pid"], pgid=info["pgid"], log=log)
+    return 0
+
+
+def _runs_dir_fix(exc: OSError) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free space on that disk, or set host.runs_dir to a directory with room"
+    return "set host.runs_dir to a directory you can write"
+
+
+def _become_monitor(run_dir: str, log_fd: int, argv: list[str], env: dict, cwd: str) -> None:
+    """Detach (new session, second fork), start the server, wait for it, write exit.json.
+
+    The monitor's own fds 0-2 go to /dev/null and server.log, and every other fd is closed,
+    so it never holds the agent's stdout pipe: an SSH exec returns as soon as the agent exits.
+    """
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) > 2:
+            with contextlib.suppress(OSError):  # the listing's own fd is gone already
+                os.close(int(name))
+    os.chdir("/")
+    group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+    pid_path = os.path.join(run_dir, "pid")
+    exit_path = os.path.join(run_dir, "exit.json")
+    try:
+        server = subprocess.Popen(argv, stdin=0, stdout=1, stderr=2, env=env, cwd=cwd, **group)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        message = f"specconsole: cannot start {argv[0]!r}: {exc}"
+        os.write(2, (message + "\n").encode("utf-8", "replace"))
+        write_json_atomic(exit_path, {"pid": None, "code": 127, "signal": None,
+                                      "time": time.time(), "error": message})
+        write_json_atomic(pid_path, {"pid": None, "pgid": None, "monitor_pid": os.getpid()})
+        return
+    st = read_stat(server.pid)
+    write_json_atomic(pid_path, {
+        "pid": server.pid, "pgid": server.pid, "monitor_pid": os.getpid(),
+        "sid": os.getsid(0), "start_ticks": st.start_ticks if st is not None else None,
+    })
+    rc = server.wait()
+    write_json_atomic(exit_path, {
+        "pid": server.pid, "code": rc if rc >= 0 else None, "signal": -rc if rc < 0 else None,
+        "time": time.time(),
+    })

@@ -1,0 +1,36 @@
+"""`runs`: the runs of a profile on this host, newest first."""
+
+from __future__ import annotations
+
+import os
+
+from .rundir import Run
+from .wire import AgentFailure, emit, spec_value
+
+
+def cmd_runs(spec: dict) -> int:
+    runs_dir = os.path.expanduser(spec_value(spec, "runs_dir", str))
+    profile_key = spec_value(spec, "profile_key", str, None)
+    runs = []
+    try:
+        entries = list(os.scandir(runs_dir))
+    except OSError:
+        entries = []
+    for entry in entries:
+        if not entry.is_dir():
+            continue
+        try:
+            run = Run(entry.path)
+        except AgentFailure:
+            continue
+        if profile_key is not None and run.launch.get("profile_key") != profile_key:
+            continue
+        runs.append({
+            "run_id": run.run_id, "profile_key": run.launch.get("profile_key"),
+            "run_dir": run.dir, "started": run.launch.get("started"), "pid": run.top_pid,
+            "alive": run.top_alive(), "exit": run.exit_info(),
+        })
+    runs.sort(key=lambda r: r["started"] if isinstance(r["started"], (int, float)) else 0,
+              reverse=True)
+    emit("runs", runs=runs)
+    return 0
