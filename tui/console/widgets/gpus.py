@@ -34,9 +34,11 @@ class GpuPane(Widget, can_focus=True):
             return Text("no GPU data yet", style="dim")
         width = self.size.width
         names = [r.info.name.removeprefix("NVIDIA ") for r in self.rows]
-        name_w = min(10, max(map(len, names)))
-        # index, name, numbers, util, holder, mark: the bar and the sparkline share the rest
-        fixed = 2 + name_w + 1 + 15 + 4 + 1 + 12 + 7
+        # index, numbers, util, holder, mark; the name takes what it needs while the bar and
+        # the sparkline keep 30 columns, at least 10 (a long name is cut at 80 columns)
+        fixed = 2 + 1 + 15 + 4 + 1 + 12 + 7
+        name_w = min(max(map(len, names)), max(10, width - fixed - 30))
+        fixed += name_w
         spare = max(8, width - fixed)
         bar_w = max(6, spare * 3 // 5)
         spark_w = max(0, spare - bar_w - 1)
