@@ -35,9 +35,9 @@ class GpuPane(Widget, can_focus=True):
         width = self.size.width
         names = [r.info.name.removeprefix("NVIDIA ") for r in self.rows]
         # index, numbers, util, holder, mark; the name takes what it needs while the bar and
-        # the sparkline keep 30 columns, at least 10 (a long name is cut at 80 columns)
+        # the sparkline keep 16 columns, at least 10 (a long name is cut at 80 columns)
         fixed = 2 + 1 + 15 + 4 + 1 + 12 + 7
-        name_w = min(max(map(len, names)), max(10, width - fixed - 30))
+        name_w = min(max(map(len, names)), max(10, width - fixed - 16))
         fixed += name_w
         spare = max(8, width - fixed)
         bar_w = max(6, spare * 3 // 5)
