@@ -315,10 +315,12 @@ def test_child_failed_is_a_symptom() -> None:
 
 
 def test_vllm_tracebacks_are_not_continued_by_untagged_lines() -> None:
-    """The continuation rule is SGLang's: a vLLM line without a prefix is its own."""
+    """The continuation rule is SGLang's: a vLLM line without a prefix is its own (a raw
+    traceback whose first line was lost: never the worker's)."""
     lines = ["(Worker_TP1 pid=5) ERROR 08-04 10:10:06 [x.py:1] Traceback (most recent call last):",
              '  File "/a.py", line 1', "ValueError: not the worker's"]
-    assert _track(lines, engine="vllm").cause() is None
+    vllm = _track(lines, engine="vllm").cause()
+    assert vllm is not None and (vllm.process, vllm.pid) == (None, None)
     assert _track(lines).cause().line == "ValueError: not the worker's"
 
 

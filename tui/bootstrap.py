@@ -1,5 +1,5 @@
-"""Set up a virtual environment and run the demo, the test suite, the fault lab or the
-real-vLLM lane: `python3 -m tui.bootstrap demo|test|lab|vllm`.
+"""Set up a virtual environment and run the demo, the test suite, the real-log corpus score,
+the fault lab or the real-vLLM lane: `python3 -m tui.bootstrap demo|test|score|lab|vllm`.
 
 Stdlib only, so it runs on a fresh machine with nothing but Python 3.10+. Debian's python3
 lacks ensurepip unless python3-venv is installed; then the venv is made without pip and pip's
@@ -163,10 +163,18 @@ def run_lab_lane(extra_args: list[str]) -> int:
     return code
 
 
+def run_score(extra_args: list[str]) -> int:
+    """The real-log corpus score (tests/corpus/score.py): it prints the figures and fails only
+    when a log makes `explain` raise, never on a score."""
+    return subprocess.run([str(_python()), str(ROOT / "tests" / "corpus" / "score.py"),
+                           *extra_args], cwd=ROOT).returncode
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "lab", "vllm"):
+    if not argv or argv[0] not in ("demo", "test", "score", "lab", "vllm"):
         print("usage: python3 -m tui.bootstrap demo [demo options] | test [pytest options]"
-              " | lab [pytest options] | vllm [pytest options]", file=sys.stderr)
+              " | score [--show] | lab [pytest options] | vllm [pytest options]",
+              file=sys.stderr)
         return 2
     ensure_venv()
     if argv[0] == "demo":
@@ -174,6 +182,8 @@ def main(argv: list[str]) -> int:
         return subprocess.run([str(VENV / "bin" / "specconsole"), "demo", *argv[1:]],
                               cwd=ROOT).returncode
     ensure_installed("test")
+    if argv[0] == "score":
+        return run_score(argv[1:])
     if argv[0] == "vllm":
         return run_vllm_lane(argv[1:])
     if argv[0] == "lab":

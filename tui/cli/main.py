@@ -31,7 +31,7 @@ from tui.core.cluster import is_cluster, member_profile
 from tui.core.command import redact
 from tui.core.describe import death_lines, describe, duration, gpu_verdict
 from tui.core.errors import PreflightFailed, RunNotFound, SpecconsoleError
-from tui.core.explain import explain
+from tui.core.explain import explain, explanation_lines
 from tui.core.logline import strip_escapes
 from tui.core.phases import Phase
 from tui.core.profile import ENGINES, Profile, load_profile, parse_duration
@@ -388,14 +388,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
         return 0
-    print(f"outcome:    {result.outcome}")
-    print(f"last phase: {result.last_phase or 'none'}")
-    if result.root_cause is not None:
-        print(f"root cause: {result.root_cause.line}  [{result.root_cause.process or '?'}]")
-    for symptom in result.symptoms:
-        print(f"symptom:    {symptom}")
+    for line in explanation_lines(result):
+        print(line)
     for rule, count in sorted(result.hidden.items()):
-        print(f"hidden:     {count:6d}  {rule}")
+        print(f"hidden:        {count:6d}  {rule}")
     return 0
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import signal
 
+from tui.core.failures import hint_for
 from tui.core.protocol import DiskSpace, Killed
+from tui.core.rootcause import RootCause
 from tui.core.state import (
     CauseUpdated,
     Death,
@@ -47,8 +49,7 @@ def death_lines(death: Death) -> list[str]:
     phase = f" while {death.phase.label}" if death.phase is not None else ""
     lines = [f"DEAD: {death.summary()}{phase}"]
     if death.cause is not None:
-        who = f" ({death.cause.process})" if death.cause.process else ""
-        lines.append(f"root cause{who}: {death.cause.line}")
+        lines += cause_lines(death.cause)
     elif death.signal in _NATIVE_CRASH:
         lines.append(f"root cause: native crash ({_signal_name(death.signal)}), no Python "
                      "traceback; read the log lines just before it")
@@ -61,6 +62,15 @@ def death_lines(death: Death) -> list[str]:
     return lines
 
 
+def cause_lines(cause: RootCause) -> list[str]:
+    """The root-cause line, then the hint its failure class gives (tui.core.failures)."""
+    who = f" ({cause.process})" if cause.process else ""
+    lines = [f"root cause{who}: {cause.line}"]
+    if cause.kind is not None:
+        lines.append(f"hint: {hint_for(cause.kind, cause.line)}")
+    return lines
+
+
 def describe(event: object) -> list[str]:
     """Lines worth printing for one domain event (most events print nothing)."""
     if isinstance(event, PhaseChanged):
@@ -70,7 +80,7 @@ def describe(event: object) -> list[str]:
     if isinstance(event, Died):
         return death_lines(event.death)
     if isinstance(event, CauseUpdated) and event.death.cause is not None:
-        return [f"root cause ({event.death.cause.process or '?'}): {event.death.cause.line}"]
+        return cause_lines(event.death.cause)
     if isinstance(event, Stalled):
         return [f"STALLED: {event.summary()}"]
     if isinstance(event, HelperExited):

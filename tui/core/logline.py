@@ -121,13 +121,16 @@ def unfrozen_twin(cls: type) -> type:
 _Building = unfrozen_twin(LogLine)
 
 
-# Outer wrappers, peeled in any order: docker compose `svc-1  | `, CI `[2024-09-05T00:38:34Z] `,
-# RFC3339 (container runtimes), a supervisor's logger `07:28:59 [INFO] [job] [INFERENCE LOG] `,
-# a syslog header `Sep  5 00:38:34 host vllm[123]: `.
+# Outer wrappers, peeled in any order: docker compose `svc-1  | ` (or a bare `  | ` in a CI
+# paste), CI `[2024-09-05T00:38:34Z] `, RFC3339 (container runtimes) and Kubernetes' CRI
+# `stdout F `, torch.distributed.run's `[rank0]: `, a supervisor's logger
+# `07:28:59 [INFO] [job] [INFERENCE LOG] `, a syslog header `Sep  5 00:38:34 host vllm[123]: `.
 _WRAPPER_RE = re.compile(
-    r"[A-Za-z0-9][\w.-]*\s+\|(?: |$)"
-    r"|\[\d{4}-\d\d-\d\d[T ][\d:.]+(?:Z|[+-]\d\d:?\d\d)?\] "
+    r"[A-Za-z0-9][\w.-]*\s+\|(?: |$)|\s+\|(?: |$)"
+    r"|\[(?:\d{4}-\d\d-\d\d[T ])?\d\d:\d\d:\d\d[\d:.]*(?:Z|[+-]\d\d:?\d\d)?\] "
     r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)? "
+    r"|(?:stdout|stderr) [FP] "
+    r"|\[(?:rank|default)\d+\]: ?"
     r"|\d\d:\d\d:\d\d(?:[.,]\d+)? \[[A-Z]+\](?: \[[^\]]*\])* "
     r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [\w./-]+(?:\[\d+\])?: "
 )
@@ -154,14 +157,18 @@ _LEVEL_INITIALS = frozenset("DIWEC")
 # SGLang: `[2025-08-04 10:10:06 TP3] `, `[... DP0 TP3 EP3] `: the rank tag of a scheduler
 # process (titled `sglang::scheduler_TP3`). Without a tag (TP=1, the launcher) the stamp is
 # peeled like any timestamp wrapper.
-_SGLANG_TAG_RE = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?((?: [A-Z]{2,}\d+)+)\] ?")
+_SGLANG_TAG_RE = re.compile(
+    r"\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:[.,]\d+)?((?: [A-Z]{2,}\d+)+)\] ?")
+# The end of a vLLM header whose start a copy lost: `[multiproc_executor.py:492] `
+_HEADER_TAIL_RE = re.compile(r"\[?[\w./-]+\.py:\d+\] ")
 _PREFIX_COLOUR, _PREFIX_RESET = "\x1b[1;36m(", "\x1b[0;0m"  # 7 + "(", and 6 characters
 
 
 def _peel_wrappers(s: str) -> str:
-    for _ in range(4):
+    for _ in range(5):
         c = s[:1]
-        if not (c.isdigit() or c == "[" or " |" in s or (c in _MONTH_INITIALS and s[3:4] == " ")):
+        if not (c.isdigit() or c == "[" or " |" in s or (c in _MONTH_INITIALS and s[3:4] == " ")
+                or s[:7] in ("stdout ", "stderr ")):
             return s
         m = _WRAPPER_RE.match(s)
         if m is None:
@@ -281,6 +288,8 @@ def parse_line(raw: str, offset: int = -1) -> LogLine:
         proc, pid = carried
         plain = f"({proc} pid={pid}) {plain}" if pid is not None else f"({proc}) {plain}"
     level, body = _split_header(body) if body[:1] in _LEVEL_INITIALS else (None, body)
+    if level is None and ".py:" in body[:80] and (tail := _HEADER_TAIL_RE.match(body)):
+        body = body[tail.end():]
     line = _Building(offset, raw, plain, proc, pid, level, body.rstrip())
     line.__class__ = LogLine
     return line  # type: ignore[return-value]

@@ -158,6 +158,15 @@ def _compile_total(msg: str) -> PhaseHit:
 
 
 _IN_COMPILE = PhaseHit(Phase.COMPILE)
+_ANSWERED = re.compile(r'"POST /\S+ HTTP/1\.\d" 2\d\d\b')
+_SERVING_HIT = PhaseHit(Phase.SERVING)
+
+
+def _answered(msg: str) -> PhaseHit | None:
+    """uvicorn's access line (`127.0.0.1:5 - "POST /v1/completions HTTP/1.1" 200 OK`): the
+    engine did work for a request, so it serves. A GET is no proof (vLLM's API server answers
+    /v1/models after its engine died; /health is the console's own probe)."""
+    return _SERVING_HIT if _ANSWERED.search(msg) is not None else None
 
 # (first characters of the message, needle it must contain, handler); first hit wins.
 _RULES: tuple[tuple[str, str, _Handler], ...] = (
@@ -211,6 +220,7 @@ _RULES: tuple[tuple[str, str, _Handler], ...] = (
     ("U", "Uvicorn running on", _fixed(Phase.READY_LOG)),
     ("AE", "Avg prompt throughput", _fixed(Phase.SERVING)),
     ("S", "SpecDecoding metrics", _fixed(Phase.SERVING)),
+    ("0123456789", ' HTTP/1.', _answered),
 )
 
 
@@ -232,7 +242,8 @@ def _sglang_graph(msg: str) -> PhaseHit | None:
 
 
 # SGLang (vllm-reference.md, section 5): no banner, so the first phase is the config; uvicorn
-# starting is only the API server's phase, as SGLang is ready after its warmup request.
+# starting is only the API server's phase, as SGLang is ready after its warmup request ("fired
+# up"); a prefill batch or an answered POST may be the warmup's own, a decode batch serves.
 _SGLANG_RULES: tuple[tuple[str, str, _Handler], ...] = (
     ("s", "server_args=", _fixed(Phase.CONFIG)),
     ("I", "Init torch distributed", _fixed(Phase.CONFIG)),

@@ -6,6 +6,19 @@ process, records the first exception of each that is not a known symptom ("Engin
 initialization failed ... See root cause above" only points elsewhere) nor noise, and answers
 with the candidate of the process reported dead first, or before any death the first candidate.
 
+Real logs arrive damaged, and the tracker reads them as they are:
+- a traceback whose `Traceback (most recent call last):` line was cut off (an excerpt, a rotated
+  log) starts at its first `File "...", line N` frame;
+- a traceback pasted without its indentation still reads as frames, source lines and an
+  exception line;
+- a traceback cut before its exception line is a crash whose cause line is missing: the answer
+  says so, with the deepest frame of the engine's own code;
+- an exception whose message spans several lines (pydantic's `1 validation error for X` and its
+  `Value error, ...` reason) is the whole message;
+- an ERROR or WARNING record that states a failure of a known class (tui.core.failures: CUDA out
+  of memory, NCCL, a port in use, ...) is a cause even without a traceback: vLLM logs some
+  causes that way before a traceback that carries only a symptom.
+
 SGLang logs a scheduler's failure as ONE record, `[... TP3] Scheduler hit an exception:
 Traceback ...`: only its first line carries the rank tag, the rest are its continuation. Its
 launcher's "Received sigquit from a child process" is a symptom, and may come first.
@@ -17,14 +30,17 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tui.core.failures import FailureClass, classify, states_cause
 from tui.core.logline import LogLine
 from tui.core.noise import NoiseFilter
 
 
 @dataclass(frozen=True, slots=True)
 class RootCause:
-    """`line` is the exception line (a SyntaxError carries its file and line); `traceback` the
-    assembled traceback for display; `symptoms` every distinct symptom seen so far."""
+    """`line` is the exception line (a SyntaxError carries its file and line; a message that
+    spans lines, its reason too); `traceback` the assembled traceback for display; `symptoms`
+    every distinct symptom seen so far. `missing`: the traceback was cut before its exception
+    line, and `line` says so; `deepest_frame` is then where it was (engine code preferred)."""
 
     line: str
     process: str | None
@@ -32,16 +48,37 @@ class RootCause:
     offset: int
     symptoms: tuple[str, ...] = ()
     traceback: tuple[str, ...] = ()
+    missing: bool = False
+    deepest_frame: str | None = None
+    kind: FailureClass | None = None
 
 
 # Lines that report a failure somewhere else: never the cause (vllm-reference.md section 2).
+# Where they are printed: vLLM v1/engine/utils.py wait_for_engine_startup (raise RuntimeError
+# 'Engine core initialization failed. See root cause above'); v1/engine/core.py run_engine_core
+# (logger.exception 'EngineCore failed to start.' / 'EngineCore encountered a fatal error.');
+# v1/executor/multiproc_executor.py monitor_workers (logger.error 'Worker proc %s died
+# unexpectedly'); V0 engine/multiprocessing/client.py run_heartbeat_loop ('Engine process (pid
+# %s) died.') and engine/async_llm_engine.py ('Background loop has errored already.'); SGLang
+# entrypoints/engine.py (logger.error 'Received sigquit from a child process', 'Rank %s
+# scheduler is dead', raise RuntimeError 'Rank %s scheduler died during initialization').
 _SYMPTOM_RE = re.compile(
     r"Engine core initialization failed|Frontend process failed during engine core init"
     r"|EngineCore failed to start|WorkerProc failed to start|WorkerProc initialization failed"
-    r"|died unexpectedly|EngineCore encountered (?:a fatal error|an issue)|EngineDeadError"
+    r"|[Pp]roc(?: rank=)?\s?\S* died unexpectedly|EngineCore encountered (?:a fatal error|an issue)"
+    r"|EngineDeadError"
     r"|Parent process exited, terminating worker|Received sigquit from a child process"
     r"|[Ee]ngine core (?:proc \S+ )?exited unexpectedly|See root cause above"
     r"|Child process unexpectedly failed"
+    # V0 (<= 0.9): the front end's view of a dead engine process or background loop
+    r"|Engine process (?:\(pid \d+\) )?(?:died|failed to start)|Engine loop is not running"
+    r"|Background loop (?:has errored already|is stopped)|Engine background task failed"
+    r"|AsyncEngineDeadError|MQEngineDeadError"
+    # SGLang: the launcher's and the tokenizer manager's view of a dead scheduler
+    r"|[Ss]cheduler is dead|[Ss]cheduler died during initialization"
+    r"|could finish the model loading, but other ranks didn't"
+    r"|Initialization failed\. (?:Please see the error messages above|warmup error)"
+    r"|MQLLMEngine is already dead|failed to be inspected\. Please check the logs"
 )
 # An orderly shutdown someone asked for (SIGTERM, `specconsole kill`): the "Parent process
 # exited, terminating worker queues" that follows (INFO in vLLM 0.32) is its consequence, not a
@@ -49,24 +86,44 @@ _SYMPTOM_RE = re.compile(
 _REQUESTED_SHUTDOWN_RE = re.compile(
     r"\[shutdown\].*(?:received signal=SIG(?:TERM|INT)|shutdown triggered)")
 # Every symptom contains one of these.
-_SYMPTOM_NEEDLES = ("ailed", "died", "ncountered", "EngineDead", "xited", "sigquit", "root cause")
+_SYMPTOM_NEEDLES = ("ailed", "died", "ncountered", "EngineDead", "xited", "sigquit", "root cause",
+                    "not running", "errored", "stopped", "dead", "other ranks", "inspected")
 # Exceptions that only say another process failed (vLLM's model inspection runs in a
-# subprocess and re-raises its failure, with the child's own traceback printed below): the
-# cause when nothing better is known, else the real exception that follows wins.
+# subprocess and re-raises its failure, with the child's own traceback printed below; V0's
+# worker wrapper names the method and the reason, its traceback follows): the cause when
+# nothing better is known, else the real exception that follows wins.
 _ELSEWHERE_RE = re.compile(
-    r"(?:[\w.]+\.)?CalledProcessError\b|RuntimeError: Error raised in subprocess")
+    r"(?:[\w.]+\.)?CalledProcessError\b|RuntimeError: Error raised in subprocess"
+    # Ray: an actor died (its own log has the why; the node's OOM killer, a signal)
+    r"|(?:ray\.exceptions\.)?(?:ActorDiedError|RayActorError)\b")
+# Headers of a report that follows (a worker's method failed, the model inspection failed):
+# they order the candidates but are the answer only when they carry the reason themselves.
+_HEADER_WRAPPER_RE = re.compile(
+    r"Exception in worker \S+ while processing method|Error executing method"
+    r"|Error in inspecting model architecture")
 # Exceptions a signal or a shutdown raises: consequences, neither cause nor symptom.
 _CONSEQUENCE_RE = re.compile(r"(?:[\w.]+\.)?(?:KeyboardInterrupt|SystemExit|CancelledError)\b")
 # The last line of a traceback: `pkg.mod.Name: message`, `Name:` or a bare `Name`.
 _EXCEPTION_RE = re.compile(r"([A-Za-z_][\w.]*)(?::(?: .*)?)?$")
+# ... and, where indentation was lost, a name that is an exception's: `...Error`, `...Exception`.
+_NAMED_EXCEPTION_RE = re.compile(
+    r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure|Timeout|Warning)"
+    r"(?::(?: .*)?)?$")
 # An exception named inside an ERROR record that has no traceback.
 _ERROR_EXCEPTION_RE = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b|\bError: |\[Errno \d+\]")
-_FRAME_RE = re.compile(r'  File "([^"]+)", line (\d+)')
+_FRAME_RE = re.compile(r'\s*File "([^"]+)", line (\d+)(?:, in (\S+))?')
 _HAS_LOCATION_RE = re.compile(r"\(\S.*, line \d+\)$")
 _SYNTAX_ERRORS = ("SyntaxError", "IndentationError", "TabError")
 _PROCESS_HEADER_RE = re.compile(r"Process (\S+):$")
 _TB_START = "(most recent call last):"
 _CHAINING = ("During handling of the above exception", "The above exception was the direct cause")
+# A message that continues on the lines below it: pydantic's header, or one ending in a colon.
+_HEADER_MESSAGE_RE = re.compile(r"\d+ validation errors? for \w+$|:$")
+_MESSAGE_MORE_MAX = 2
+_PYDANTIC_TAIL_RE = re.compile(r"\s*\[type=\w+.*$")
+_PYDANTIC_LINK = "For further information visit"
+# The engines' own code, for the deepest frame worth naming.
+_ENGINE_PATH_RE = re.compile(r"/(vllm|sglang|vllm_ascend)/(.+)$")
 
 _IN_FRAMES, _AFTER_EXCEPTION = 0, 1
 # The earliest errors are the ones that matter; a server failing every request for days must not
@@ -77,24 +134,63 @@ _MAX_CANDIDATES = 256
 class _Trace:
     """A traceback being assembled for one process."""
 
-    __slots__ = ("candidate", "last_frame", "lines", "pid", "proc", "state")
+    __slots__ = ("after_frame", "candidate", "dedented", "frames", "level", "lines", "offset",
+                 "pid", "preface", "proc", "state")
 
-    def __init__(self, proc: str | None, pid: int | None, first: str) -> None:
+    def __init__(self, proc: str | None, pid: int | None, first: str, offset: int,
+                 level: str | None) -> None:
         self.proc = proc
         self.pid = pid
+        self.level = level  # a WARNING's traceback is no evidence of a crash by itself
         self.lines = [first]
+        self.offset = offset
         self.state = _IN_FRAMES
-        self.last_frame: tuple[str, str] | None = None
+        self.frames: list[tuple[str, str, str]] = []  # (path, line, function)
+        self.after_frame = False  # the line before was a frame: this one is its source
+        self.dedented = False  # pasted without indentation: frames and source at column 0
         self.candidate: _Candidate | None = None
+        self.preface: _Candidate | None = None  # the words that headed it (see _start)
 
 
 class _Candidate:
-    __slots__ = ("elsewhere", "line", "offset", "pid", "proc", "trace")
+    __slots__ = ("dropped", "elsewhere", "line", "more", "offset", "pid", "proc", "trace",
+                 "wants_more", "wrapper")
 
     def __init__(self, line: str, proc: str | None, pid: int | None, offset: int,
                  trace: list[str]) -> None:
         self.line, self.proc, self.pid, self.offset, self.trace = line, proc, pid, offset, trace
-        self.elsewhere = _ELSEWHERE_RE.match(line) is not None
+        self.wrapper = _HEADER_WRAPPER_RE.search(line) is not None
+        self.elsewhere = self.wrapper or _ELSEWHERE_RE.search(line) is not None
+        self.dropped = False  # a preface whose traceback ended in a symptom: no cause at all
+        self.wants_more = _HEADER_MESSAGE_RE.search(line) is not None
+        self.more: list[str] = []
+
+    def text(self) -> str:
+        if not self.more:
+            return self.line
+        return f"{self.line} — {' '.join(self.more)}"
+
+
+class _Cut:
+    """A traceback that ended (or the log ended) before its exception line."""
+
+    __slots__ = ("frames", "lines", "offset", "pid", "proc")
+
+    def __init__(self, trace: _Trace) -> None:
+        self.proc, self.pid, self.offset = trace.proc, trace.pid, trace.offset
+        self.frames, self.lines = list(trace.frames), list(trace.lines)
+
+    def deepest(self) -> str | None:
+        """The innermost frame of the engine's own code (else the innermost frame)."""
+        for path, line, func in reversed(self.frames):
+            m = _ENGINE_PATH_RE.search(path)
+            if m is not None:
+                return f"{m.group(1)}/{m.group(2)}:{line} in {func}" if func else \
+                    f"{m.group(1)}/{m.group(2)}:{line}"
+        if not self.frames:
+            return None
+        path, line, func = self.frames[-1]
+        return f"{path}:{line}" + (f" in {func}" if func else "")
 
 
 class RootCauseTracker:
@@ -111,12 +207,17 @@ class RootCauseTracker:
         self._carry: object = None  # that traceback's key
         self._open: dict[object, _Trace] = {}
         self._candidates: list[_Candidate] = []
+        self._cuts: list[_Cut] = []
         self._symptoms: dict[str, None] = {}
         self._death: tuple[int, str] | None = None
         self._process_header: str | None = None
+        # the last ERROR record of each process, while it may head a traceback that follows
+        self._preface: dict[object, LogLine] = {}
         self._stopping = False
         self.last_symptom_offset = -1
         self.last_exception_offset = -1
+        self.last_cut_offset = -1  # where the last traceback without an exception line began
+        self._failure_offsets: list[int] = []  # of each exception, symptom and cut, in order
 
     @property
     def symptoms(self) -> tuple[str, ...]:
@@ -128,9 +229,14 @@ class RootCauseTracker:
             self._death = (pid, name)
 
     def cause(self) -> RootCause | None:
-        cands = self._candidates
+        """The best cause known now: a real exception or stated failure; else, when a
+        traceback was cut before its exception line, that (`missing`); else None."""
+        # a wrapper that names no reason ("Error in inspecting model architecture 'X'") only
+        # orders the others: it is never the answer
+        cands = [c for c in self._candidates
+                 if not c.dropped and (not c.wrapper or classify(c.line) is not None)]
         if not cands:
-            return None
+            return self._missing()
         if self._death is not None:
             pid, name = self._death
             short = name.removeprefix("VLLM::").removeprefix("sglang::")
@@ -138,8 +244,25 @@ class RootCauseTracker:
                      or [c for c in cands if c.proc is not None and c.proc == short] or cands)
         # a failure reported from another process gives way to a real exception of the same one
         chosen = next((c for c in cands if not c.elsewhere), cands[0])
-        return RootCause(chosen.line, chosen.proc, chosen.pid, chosen.offset, self.symptoms,
-                         tuple(chosen.trace))
+        text = chosen.text()
+        return RootCause(text, chosen.proc, chosen.pid, chosen.offset, self.symptoms,
+                         tuple(chosen.trace), kind=classify(text))
+
+    def _missing(self) -> RootCause | None:
+        cuts = self._cuts + [_Cut(t) for t in self._open.values()
+                             if t.state == _IN_FRAMES and t.frames]
+        if not cuts:
+            return None
+        if self._death is not None:
+            pid, name = self._death
+            short = name.removeprefix("VLLM::").removeprefix("sglang::")
+            cuts = [c for c in cuts if c.pid == pid or c.proc == short] or cuts
+        cut = min(cuts, key=lambda c: c.offset)
+        deepest = cut.deepest()
+        where = f": deepest frame {deepest}" if deepest else ""
+        return RootCause(f"the traceback was cut before its exception line{where}", cut.proc,
+                         cut.pid, cut.offset, self.symptoms, tuple(cut.lines), missing=True,
+                         deepest_frame=deepest)
 
     def feed_all(self, lines: Iterable[LogLine]) -> None:
         """`feed` each line of a chunk; the INFO and DEBUG records that cannot start, continue
@@ -150,7 +273,7 @@ class RootCauseTracker:
             if (level == "INFO" or level == "DEBUG") and not self._open:
                 msg = line.message
                 if not (msg.endswith(_TB_START) or "[shutdown]" in msg or "xited" in msg
-                        or "died" in msg):
+                        or "died" in msg or 'File "' in msg):
                     continue
             feed(line)
 
@@ -161,84 +284,185 @@ class RootCauseTracker:
         if self._open:
             at = carry if key is None and carry is not None else key
             trace = self._open.get(at)
-            if trace is not None and self._continue(trace, line, msg, at):
-                self._carry = at if self._records else None
-                return
+            if trace is not None:
+                if self._continue(trace, line, msg, at):
+                    self._carry = at if self._records else None
+                    return
+                if trace.state == _IN_FRAMES and trace.frames:
+                    self._cut(trace)
         if msg.endswith(_TB_START):
             self._start(key, line, msg)
+            self._carry = key if self._records else None
+            return
+        frame = _FRAME_RE.match(msg) if 'File "' in msg[:12] else None
+        if frame is not None:  # a traceback whose first line was cut off
+            trace = self._start(key, line, msg)
+            trace.frames.append((frame.group(1), frame.group(2), frame.group(3) or ""))
+            trace.after_frame, trace.dedented = True, not msg[:1].isspace()
             self._carry = key if self._records else None
             return
         if "[shutdown]" in msg and _REQUESTED_SHUTDOWN_RE.search(msg) is not None:
             self._stopping = True
         level = line.level
+        self._preface.pop(key, None)
         if level == "ERROR" or level == "CRITICAL":
-            if not self._symptom(line, msg) and _ERROR_EXCEPTION_RE.search(msg) is not None:
-                self._candidate(line, msg.strip(), [msg])
-        elif level is None or level == "WARNING" or "xited" in msg or "died" in msg:
+            if not self._symptom(line, msg) and msg[:1] not in (" ", "\t"):
+                if (_ERROR_EXCEPTION_RE.search(msg[:2048]) is not None
+                        or states_cause(msg, level)):
+                    self._candidate(line, msg.strip(), [msg])
+                elif msg.strip() and len(self._preface) < _MAX_CANDIDATES:
+                    self._preface[key] = line
+        elif level == "WARNING":
+            if (not self._symptom(line, msg) and msg[:1] not in (" ", "\t")
+                    and states_cause(msg, level)):
+                # `Unable to load X from Y on HF Hub.`: its traceback's exception says more
+                self._candidate(line, msg.strip(), [msg], weak=True, evidence=False)
+        elif level is None:
+            if not self._symptom(line, msg) and msg[:1] not in (" ", "\t"):
+                if ": " in msg[:256] and _NAMED_EXCEPTION_RE.match(msg[:256]) is not None:
+                    # a traceback's last line whose frames are not in this log
+                    self._candidate(line, msg.strip(), [msg])
+                elif states_cause(msg, None):  # a library's own stderr: CUDA, NCCL WARN
+                    self._candidate(line, msg.strip(), [msg], weak=True, evidence=False)
+        elif "xited" in msg or "died" in msg:
             self._symptom(line, msg)
         if key is None and level is None:
             # multiprocessing prints `Process EngineCore_DP0:` above a raw traceback: its name.
             m = _PROCESS_HEADER_RE.match(msg) if msg.startswith("Process ") else None
             self._process_header = m.group(1) if m else None
 
+    def first_failure_after(self, offset: int) -> int:
+        """Where the first sign of a failure after `offset` began (-1: none)."""
+        at = [o for o in self._failure_offsets if o > offset]
+        at += [t.offset for t in self._open.values() if t.state == _IN_FRAMES and t.frames
+               and t.offset > offset and t.level != "WARNING"]
+        return min(at, default=-1)
+
+    def _failed_at(self, offset: int) -> None:
+        if len(self._failure_offsets) < 4 * _MAX_CANDIDATES:
+            self._failure_offsets.append(offset)
+
+    def last_failure_offset(self) -> int:
+        """Where the last sign of a failure began: an exception, a traceback cut before its
+        exception line, or one still open without it (the log may end there)."""
+        open_at = max((t.offset for t in self._open.values()
+                       if t.state == _IN_FRAMES and t.frames and t.level != "WARNING"),
+                      default=-1)
+        return max(self.last_exception_offset, self.last_cut_offset, open_at)
+
     # -- tracebacks -------------------------------------------------------------------------
 
-    def _start(self, key: object, line: LogLine, msg: str) -> None:
+    def _start(self, key: object, line: LogLine, msg: str) -> _Trace:
         proc = line.proc
         if proc is None and self._process_header is not None:
             proc, self._process_header = self._process_header, None
-        self._open[key] = _Trace(proc, line.pid, msg)
+        trace = self._open[key] = _Trace(proc, line.pid, msg, line.offset, line.level)
+        head = msg[:-len(_TB_START)].removesuffix("Traceback").rstrip(" ,:")
+        preface = self._preface.pop(key, None)
+        if head and (_ERROR_EXCEPTION_RE.search(head) is not None
+                     or states_cause(head, "ERROR")):
+            # `Exception in worker X while processing method Y: <why>, Traceback (...)`
+            trace.preface = self._candidate(line, head.strip(), [msg], weak=True)
+        elif preface is not None and preface.offset < line.offset:
+            # the record logged just before (V0: `logger.exception(e)` logs str(e) first)
+            trace.preface = self._candidate(preface, preface.message.strip(),
+                                            [preface.message], weak=True)
+        return trace
+
+    def _cut(self, trace: _Trace) -> None:
+        if len(self._cuts) < _MAX_CANDIDATES:
+            self._cuts.append(_Cut(trace))
+            if trace.level != "WARNING":
+                self.last_cut_offset = trace.offset
+                self._failed_at(trace.offset)
+        trace.frames = []  # reported once
 
     def _continue(self, trace: _Trace, line: LogLine, msg: str, key: object) -> bool:
         """Absorb `line` into the open traceback; False when the traceback has ended."""
         if trace.state == _IN_FRAMES:
+            stripped = msg.lstrip()
+            if stripped.startswith('File "'):
+                m = _FRAME_RE.match(msg)
+                if m is not None:
+                    trace.lines.append(msg)
+                    trace.frames.append((m.group(1), m.group(2), m.group(3) or ""))
+                    trace.after_frame = True
+                    trace.dedented = trace.dedented or not msg[:1].isspace()
+                    return True
             if not msg or msg[0] == " ":
                 trace.lines.append(msg)
-                if msg.startswith('  File "'):
-                    m = _FRAME_RE.match(msg)
-                    if m is not None:
-                        trace.last_frame = (m.group(1), m.group(2))
+                trace.after_frame = False
                 return True
-            if _EXCEPTION_RE.match(msg) is not None:
+            exception = (_NAMED_EXCEPTION_RE if trace.dedented else _EXCEPTION_RE).match(msg)
+            if exception is not None:
                 trace.lines.append(msg)
                 trace.state = _AFTER_EXCEPTION
                 self._exception(trace, line, msg)
                 return True
+            if trace.dedented and trace.after_frame:  # the frame's source, unindented
+                trace.lines.append(msg)
+                trace.after_frame = False
+                return True
         else:
-            if not msg or msg[0] == " " or msg.startswith(_CHAINING):
+            if not msg or msg[0] == " ":
+                trace.lines.append(msg)
+                self._more(trace, msg)
+                return True
+            if msg.startswith(_CHAINING):
                 trace.lines.append(msg)
                 return True
             if msg.endswith(_TB_START):
                 trace.lines.append(msg)
                 trace.state = _IN_FRAMES
-                trace.last_frame = None
+                trace.frames = []
                 return True
         del self._open[key]
         return False
 
+    def _more(self, trace: _Trace, msg: str) -> None:
+        """A line under the exception line: the rest of a message that spans lines."""
+        cand = trace.candidate
+        text = msg.strip()
+        if (cand is None or not cand.wants_more or len(cand.more) >= _MESSAGE_MORE_MAX
+                or not text or text.startswith((_PYDANTIC_LINK, 'File "'))):
+            return
+        cand.more.append(_PYDANTIC_TAIL_RE.sub("", text))
+
     def _exception(self, trace: _Trace, line: LogLine, msg: str) -> None:
-        if self._symptom(line, msg) or trace.candidate is not None:
+        if self._symptom(line, msg):
+            if trace.preface is not None:  # "X failed." over a symptom: a symptom too
+                trace.preface.dropped = True
+            return
+        if trace.candidate is not None:
             return
         if _CONSEQUENCE_RE.match(msg) is not None:
             return
         text = msg.strip()
         name = text.split(":", 1)[0]
-        if (name.endswith(_SYNTAX_ERRORS) and trace.last_frame is not None
+        if (name.endswith(_SYNTAX_ERRORS) and trace.frames
                 and _HAS_LOCATION_RE.search(text) is None):
-            text = f"{text} ({trace.last_frame[0]}, line {trace.last_frame[1]})"
-        trace.candidate = self._candidate(line, text, trace.lines, trace.proc, trace.pid)
+            path, number, _ = trace.frames[-1]
+            text = f"{text} ({path}, line {number})"
+        trace.candidate = self._candidate(line, text, trace.lines, trace.proc, trace.pid,
+                                          evidence=trace.level != "WARNING")
 
     # -- candidates and symptoms ------------------------------------------------------------
 
     def _candidate(self, line: LogLine, text: str, trace: list[str], proc: str | None = None,
-                   pid: int | None = None) -> _Candidate | None:
+                   pid: int | None = None, *, weak: bool = False,
+                   evidence: bool = True) -> _Candidate | None:
+        """`weak`: the cause only when no real exception is known (a wrapper's words, a
+        library's stderr). `evidence`: it shows a crash by itself (not a WARNING's)."""
         if len(self._candidates) >= _MAX_CANDIDATES or (
                 self._noise is not None and self._noise.match(line) is not None):
             return None
         cand = _Candidate(text, proc if proc is not None else line.proc,
                           pid if pid is not None else line.pid, line.offset, trace)
+        cand.elsewhere = cand.elsewhere or weak
         self._candidates.append(cand)
-        self.last_exception_offset = line.offset
+        if evidence:
+            self.last_exception_offset = line.offset
+            self._failed_at(line.offset)
         return cand
 
     def _symptom(self, line: LogLine, msg: str) -> bool:
@@ -253,4 +477,5 @@ class RootCauseTracker:
             return True  # a consequence of the shutdown: neither cause nor symptom
         self._symptoms[msg.strip()] = None
         self.last_symptom_offset = line.offset
+        self._failed_at(line.offset)
         return True

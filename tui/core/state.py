@@ -14,12 +14,13 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+from tui.core.diagnosis import Diagnosis, Explanation
 from tui.core.logline import LogLine, parse_lines, unfrozen_twin
 from tui.core.logtime import LogClock
 from tui.core.noise import NoiseFilter, NoiseRule
-from tui.core.phases import Phase, PhaseHit, detect_phase, phase_initials
+from tui.core.phases import Phase, PhaseHit
 from tui.core.protocol import Gpus, Health, ProcExit, ProcInfo, Procs, RunExit
-from tui.core.rootcause import RootCause, RootCauseTracker
+from tui.core.rootcause import RootCause
 from tui.core.specdecode import SpecDecodeInterval, parse_interval
 from tui.core.timeline import Timeline
 
@@ -224,7 +225,13 @@ class LaunchMachine:
     _gpus: dict[int, _GpuTrack] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.tracker = RootCauseTracker(self.noise, self.engine)
+        # the log's own verdict, the same reader `explain` uses (live parity)
+        self.diagnosis = Diagnosis(self.engine, self.noise)
+        self.tracker = self.diagnosis.tracker
+
+    def verdict(self) -> Explanation:
+        """What the log alone says so far: outcome, furthest phase, root cause."""
+        return self.diagnosis.verdict()
 
     # -- transitions driven by the supervisor ------------------------------------------------
 
@@ -259,19 +266,17 @@ class LaunchMachine:
     def feed_lines(self, lines: Iterable[tuple[int, str]], at: float) -> list[DomainEvent]:
         """Classify each (byte offset, raw line): noise, phase, root cause."""
         events: list[DomainEvent] = []
-        cause_before = self.tracker.cause() if self.death is not None else None
+        cause_before = self.diagnosis.cause() if self.death is not None else None
         progressed = False
         names = self.log_names
         # Each stage runs over the whole chunk (cheaper than stage by stage per line), which is
         # the same as line by line unless a death is decided mid-chunk: only a pending exit
-        # (see _reported_command_failure) can do that, and then the tracker goes line by line.
+        # (see _reported_command_failure) can do that, and then the diagnosis goes line by line.
         parsed = parse_lines(lines)
         rules = self.noise.classify_all(parsed)
         per_line = bool(self.pending_exits)
-        if not per_line:
-            self.tracker.feed_all(parsed)
-        initials = phase_initials(self.engine)
-        for line, rule in zip(parsed, rules, strict=True):
+        hits = [None] * len(parsed) if per_line else self.diagnosis.feed(parsed, rules)
+        for i, (line, rule) in enumerate(zip(parsed, rules, strict=True)):
             msg = line.message
             if line.pid is not None and line.proc and names.get(line.pid) != line.proc:
                 names[line.pid] = line.proc
@@ -280,18 +285,17 @@ class LaunchMachine:
             added = _LineAddedBuilding(line, rule)
             added.__class__ = LineAdded
             events.append(added)
+            hit = hits[i]
             if per_line:
-                self.tracker.feed(line)
+                hit = self.diagnosis.feed([line], [rule])[0]
                 if self.pending_exits and "non-zero exit status" in msg:
                     events.extend(self._reported_command_failure(msg, at))
             if not progressed and _HANG_HEARTBEAT not in msg:
                 progressed = True
-            if rule is None and msg[:1] in initials:
-                hit = detect_phase(line, self.engine)
-                if hit is not None:
-                    events.extend(self._on_phase(hit, self._written_at(line.raw, at)))
-                    if hit.phase is Phase.SERVING:
-                        self.spec_decode = parse_interval(msg) or self.spec_decode
+            if hit is not None:
+                events.extend(self._on_phase(hit, self._written_at(line.raw, at)))
+                if hit.phase is Phase.SERVING:
+                    self.spec_decode = parse_interval(msg) or self.spec_decode
         if progressed:
             self.last_line_at = at
             if self.state is State.STALLED:
@@ -301,7 +305,7 @@ class LaunchMachine:
             if names.get(death.pid, death.process) != death.process:  # the log names it now
                 death = replace(death, process=names[death.pid])
             death = self._vllms_account(death)
-            cause = self.tracker.cause()
+            cause = self.diagnosis.cause()
             if cause is not None and cause != cause_before:
                 death = replace(death, cause=cause)
             if death != self.death:
@@ -440,7 +444,7 @@ class LaunchMachine:
                  else self.timeline.current.phase if self.timeline and self.timeline.current
                  else None)
         self.death = Death(ex.pid, ex.name, ex.code, ex.signal, ex.time,
-                           max(0.0, ex.time - launched), phase, self.tracker.cause())
+                           max(0.0, ex.time - launched), phase, self.diagnosis.cause())
         if self.timeline is not None:
             self.timeline.finish(at, failed=True)
         return [*self._to(State.DEAD, at), Died(self.death)]

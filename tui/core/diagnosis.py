@@ -1,0 +1,213 @@
+"""The verdict a log gives, read incrementally: how far the server got, whether it is ready,
+crashed or hung, and why. One reader for the live stream (LaunchMachine) and for a saved log
+(`explain`), so that both say the same thing of the same lines, however they were chunked.
+
+Evidence, by failure class rather than by one log's words:
+- ready: a READY_LOG or SERVING phase line (uvicorn's startup complete, SGLang's "fired up",
+  throughput and batch lines, a request answered);
+- crashed: a symptom (a process reporting another's death) after the last ready line, or an
+  exception, a stated failure, or a traceback cut before its exception line, after which
+  nothing progressed (tui.core.rootcause);
+- hung: a hang marker (tui.core.failures.HANG_MARKERS) after the last ready line with no
+  serving since, unless a crash came first (a watchdog that kills its process is still the
+  hang's doing);
+- several docker-compose services in one file (`svc-a  | ...`): a verdict per service, and the
+  file's verdict is the first service that failed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tui.core.failures import REPEATS_TO_HANG, FailureClass, hang_marker
+from tui.core.logline import LogLine
+from tui.core.noise import NoiseFilter, NoiseRule
+from tui.core.phases import Phase, PhaseHit, detect_phase, phase_initials
+from tui.core.rootcause import RootCause, RootCauseTracker
+
+Outcome = Literal["ready", "crashed", "hung", "unknown"]
+
+# docker compose's `svc-1  | ` (the service name, padded, then a bar)
+_SERVICE_RE = re.compile(r"([A-Za-z0-9][\w.-]*?)(?:[-_]\d+)?\s+\| ")
+# Needles of the hang markers: a line that holds none is no marker (one `in` each).
+_HANG_NEEDLES = ("block found", "atchdog", "Timeout(ms)", "core engine proc")
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """`root_cause` is None for a ready server (an error it survived is no cause of anything);
+    for a hung one it is the hang marker's line; for `unknown`, the first error seen, if any.
+    `services`: one verdict per docker-compose service, when the log interleaves several."""
+
+    outcome: Outcome
+    last_phase: Phase | None
+    root_cause: RootCause | None
+    symptoms: tuple[str, ...]
+    hidden: Mapping[str, int]
+    services: Mapping[str, Explanation] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Stable schema: outcome, last_phase (phase name, lower case), root_cause {line,
+        process, missing, deepest_frame, class, hint} or null, symptoms [str], hidden {rule id:
+        count}, services {name: {outcome, last_phase, root_cause}} or null."""
+        out = self._verdict_json()
+        out["symptoms"] = list(self.symptoms)
+        out["hidden"] = dict(sorted(self.hidden.items()))
+        out["services"] = None if self.services is None else {
+            name: ex._verdict_json() for name, ex in self.services.items()}
+        return out
+
+    def _verdict_json(self) -> dict[str, Any]:
+        cause = self.root_cause
+        return {
+            "outcome": self.outcome,
+            "last_phase": self.last_phase.name.lower() if self.last_phase else None,
+            "root_cause": None if cause is None else {
+                "line": cause.line, "process": cause.process, "missing": cause.missing,
+                "deepest_frame": cause.deepest_frame,
+                "class": cause.kind.id if cause.kind else None,
+                "hint": cause.kind.hint if cause.kind else None},
+        }
+
+
+@dataclass(slots=True)
+class _Hang:
+    marker: FailureClass
+    line: LogLine
+
+
+@dataclass
+class Diagnosis:
+    """Feed it chunks of parsed lines with their noise verdicts; ask `verdict()` any time."""
+
+    engine: str = "vllm"
+    noise: NoiseFilter = field(default_factory=lambda: NoiseFilter([]))
+    last_phase: Phase | None = None
+    ready_at: int = -1  # offset of the last line that shows the server ready or serving
+    progress_at: int = -1  # ... of the last phase line
+    hang: _Hang | None = None
+    by_service: bool = True  # False for a service's own diagnosis: it splits no further
+    _repeats: dict[str, int] = field(default_factory=dict)
+    _services: dict[str, Diagnosis] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.tracker = RootCauseTracker(self.noise, self.engine)
+        self._initials = phase_initials(self.engine)
+
+    def feed(self, lines: Sequence[LogLine], rules: Sequence[NoiseRule | None],
+             ) -> list[PhaseHit | None]:
+        """Classify a chunk; the phase hit of each line (None for nearly all), for the
+        caller's timeline."""
+        self.tracker.feed_all(lines)
+        hits: list[PhaseHit | None] = [None] * len(lines)
+        initials = self._initials
+        for i, line in enumerate(lines):
+            msg = line.message
+            if rules[i] is None and msg[:1] in initials:
+                hit = hits[i] = detect_phase(line, self.engine)
+                if hit is not None:
+                    self._on_phase(hit, line.offset)
+            head = msg[:400]  # a marker says so at once; a long line is not read further
+            for needle in _HANG_NEEDLES:
+                if needle in head:
+                    self._on_marker(line)
+                    break
+        if self.by_service:
+            self._by_service(lines, rules)
+        return hits
+
+    def _on_phase(self, hit: PhaseHit, offset: int) -> None:
+        if self.last_phase is None or hit.phase > self.last_phase:
+            self.last_phase = hit.phase
+        self.progress_at = offset
+        if hit.phase >= Phase.READY_LOG:
+            self.ready_at = offset
+        self._repeats.clear()
+
+    def _on_marker(self, line: LogLine) -> None:
+        marker = hang_marker(line.message)
+        if marker is None:
+            return
+        count = self._repeats[marker.id] = self._repeats.get(marker.id, 0) + 1
+        if count < REPEATS_TO_HANG.get(marker.id, 1):
+            return
+        if self.hang is None or self.hang.line.offset < self.ready_at:
+            self.hang = _Hang(marker, line)
+
+    def _by_service(self, lines: Sequence[LogLine], rules: Sequence[NoiseRule | None]) -> None:
+        """Lines wrapped by docker compose go to their service's own diagnosis too."""
+        chunks: dict[str, tuple[list[LogLine], list[NoiseRule | None]]] = {}
+        for line, rule in zip(lines, rules, strict=True):
+            raw = line.raw
+            if raw[:1] == "(" or " | " not in raw[:80]:
+                continue
+            m = _SERVICE_RE.match(raw)
+            if m is not None:
+                mine = chunks.setdefault(m.group(1), ([], []))
+                mine[0].append(line)
+                mine[1].append(rule)
+        for name, (mine, their_rules) in chunks.items():
+            sub = self._services.get(name)
+            if sub is None:
+                sub = self._services[name] = Diagnosis(self.engine, self.noise,
+                                                       by_service=False)
+            sub.feed(mine, their_rules)
+
+    # -- the verdict -------------------------------------------------------------------------
+
+    def outcome(self) -> Outcome:
+        tracker = self.tracker
+        failed_at = tracker.first_failure_after(self.ready_at)
+        crashed = tracker.last_symptom_offset > self.ready_at or (
+            tracker.last_failure_offset() > self.ready_at
+            and tracker.last_failure_offset() > self.progress_at)
+        hang = self.hang
+        hung = hang is not None and hang.line.offset > self.ready_at
+        if hung and hang is not None and (not crashed or failed_at < 0
+                                          or failed_at >= hang.line.offset):
+            return "hung"
+        if crashed:
+            return "crashed"
+        return "ready" if self.ready_at >= 0 else "unknown"
+
+    def cause(self, outcome: Outcome | None = None) -> RootCause | None:
+        """What the verdict names as the reason: the hang marker of a hang, else the tracker's
+        cause (a real exception, a stated failure, or a traceback cut before its line)."""
+        outcome = outcome or self.outcome()
+        if outcome == "hung" and self.hang is not None:
+            line = self.hang.line
+            return RootCause(line.message.strip(), line.proc, line.pid, line.offset,
+                             self.tracker.symptoms, kind=self.hang.marker)
+        return self.tracker.cause()
+
+    def verdict(self) -> Explanation:
+        services = self._service_verdicts()
+        if services is not None:
+            failed = [ex for ex in services.values() if ex.outcome in ("crashed", "hung")]
+            if failed:
+                first = min(failed, key=lambda ex: ex.root_cause.offset if ex.root_cause
+                            else 1 << 62)
+                return Explanation(first.outcome, first.last_phase, first.root_cause,
+                                   first.symptoms, dict(self.noise.hidden), services)
+        outcome = self.outcome()
+        # unknown: no proof of a crash, but what went wrong so far is worth saying
+        cause = self.cause(outcome) if outcome != "ready" else None
+        return Explanation(outcome, self.last_phase, cause, self.tracker.symptoms,
+                           dict(self.noise.hidden), services)
+
+    def _service_verdicts(self) -> dict[str, Explanation] | None:
+        if len(self._services) < 2:
+            return None
+        return {name: sub.verdict() for name, sub in sorted(self._services.items())}
+
+
+def diagnose(lines: Iterable[tuple[LogLine, NoiseRule | None]], engine: str,
+             noise: NoiseFilter) -> Explanation:
+    """A verdict for lines already parsed and classified (one chunk)."""
+    diagnosis = Diagnosis(engine, noise)
+    pairs = list(lines)
+    diagnosis.feed([p[0] for p in pairs], [p[1] for p in pairs])
+    return diagnosis.verdict()

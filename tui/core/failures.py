@@ -1,0 +1,219 @@
+"""Failure classes: what a root-cause line says went wrong, and the one-line hint for it.
+
+Each class is recognised by the words the engine (or the library under it) really prints, read
+from its source; `source` says where, so a reader can tell why a rule exists and when it may
+stop matching. The table serves three readers: the root-cause tracker (an ERROR or WARNING
+record that states a failure of one of these classes is a cause even without a traceback), the
+banner and `explain` (the hint), and the corpus score (the class of a miss).
+
+Order matters: the first class that matches names the line (a CUDA OOM inside an NCCL call is
+an OOM; a SyntaxError in a drafter's file is a SyntaxError).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class FailureClass:
+    """`statement`: an ERROR record whose message matches is itself a cause (vLLM logs some
+    causes with logger.error before the traceback that only carries a symptom); `warning`: a
+    WARNING record too (vLLM warns that a trust_remote_code module failed to import, then
+    fails on it)."""
+
+    id: str
+    label: str
+    pattern: re.Pattern[str]
+    source: str
+    hint: str
+    statement: bool = True
+    warning: bool = False
+    raw: bool = False  # a line without a log level (a library's own stderr) says it too
+
+
+def _c(id: str, label: str, pattern: str, source: str, hint: str, statement: bool = True,
+       warning: bool = False, raw: bool = False) -> FailureClass:
+    return FailureClass(id, label, re.compile(pattern), source, hint, statement, warning, raw)
+
+
+CLASSES: tuple[FailureClass, ...] = (
+    _c("syntax", "a Python file does not compile",
+       r"^(?:[\w.]+\.)?(?:SyntaxError|IndentationError|TabError)\b",
+       "Python itself, importing the model file (vLLM: model_executor/models/registry.py "
+       "inspects it in a subprocess; the worker imports it again)",
+       "fix the file and line named (a patched model file?); preflight's `compile_files` "
+       "catches this before a launch"),
+    _c("oom", "out of device memory",
+       r"out of memory|OutOfMemoryError|\bOOM\b|memory allocation failed|NPU out of memory",
+       "torch's allocator (torch.OutOfMemoryError 'CUDA out of memory. Tried to allocate'); "
+       "vLLM <= 0.11 model_executor/layers/linear.py UnquantizedLinearMethod.create_weights "
+       "logger.error('Failed to create unquantized linear weights: %s', e)",
+       "lower --gpu-memory-utilization or --max-model-len (SGLang: --mem-fraction-static), "
+       "or spread the model over more GPUs; check nothing else holds GPU memory", raw=True),
+    _c("kv_cache", "not enough memory for the KV cache",
+       r"No available memory for the cache blocks|KV cache is needed|max seq len"
+       r"|Free memory on device .* less than desired GPU memory utilization"
+       r"|Not enough memory\. Please try to increase --mem-fraction-static"
+       r"|max_total_num_tokens=-?\d|insufficient .*KV cache",
+       "vLLM v1/core/kv_cache_utils.py check_enough_kv_cache_memory (raise ValueError 'To "
+       "serve at least one request with the models's max seq len', 'No available memory for "
+       "the cache blocks'); v1/worker/gpu_worker.py Worker.init_device (newer: "
+       "v1/worker/utils.py request_memory) raise ValueError 'Free memory on device'; SGLang "
+       "model_executor/model_runner.py init_memory_pool (newer: model_runner_kv_cache_mixin.py)"
+       " raise RuntimeError 'Not enough memory. Please try to increase --mem-fraction-static'",
+       "raise --gpu-memory-utilization or lower --max-model-len / --max-num-seqs "
+       "(SGLang: --mem-fraction-static, --context-length)", raw=True),
+    _c("port", "the server's port is taken",
+       r"[Aa]ddress already in use|\[Errno 98\]|error while attempting to bind",
+       "uvicorn/server.py Server.startup logger.error(exc) of asyncio's OSError 'error while "
+       "attempting to bind on address %r: %s'; vLLM's create_server_socket sock.bind",
+       "another program holds the port: `ss -ltnp 'sport = :PORT'` names it; stop it or "
+       "change server.port (preflight's port_free check says who)", raw=True),
+    _c("disk", "no space left on a disk",
+       r"No space left on device|Disk quota exceeded|\[Errno 28\]",
+       "the OS (errno ENOSPC), e.g. while huggingface_hub downloads the weights",
+       "free space where the weights and caches go (HF_HOME, --download-dir) and under "
+       "host.runs_dir", raw=True),
+    _c("nccl", "NCCL / torch.distributed failed",
+       r"NCCL error|NCCL WARN|ncclCommInitRank|nccl\w*Error|ncclInternalError"
+       r"|DistBackendError|ProcessGroupNCCL|Gloo connectFullMesh|Connection reset by peer.*gloo",
+       "vLLM and SGLang distributed/device_communicators/pynccl_wrapper.py "
+       "NCCLLibrary.NCCL_CHECK raise RuntimeError(f'NCCL error: {error_str}'); NCCL's own "
+       "'NCCL WARN' stderr; torch ProcessGroupNCCL",
+       "rerun with NCCL_DEBUG=INFO to see which link fails; check that every GPU sees its "
+       "peers (NCCL_P2P_DISABLE=1 to test) and the network interface (NCCL_SOCKET_IFNAME)",
+       raw=True),
+    _c("cuda_env", "the GPU runtime failed",
+       r"CUDA error|CUDA driver|no kernel image is available|no CUDA-capable device"
+       r"|Failed to infer device type|cudaError\w+|CUDA initialization|CUBLAS_STATUS"
+       r"|illegal memory access|device-side assert|HIP error|ACL stream|aclnn\w+ failed"
+       r"|[Dd]river version is insufficient",
+       "torch / the CUDA runtime (RuntimeError: CUDA error: ...), vLLM platforms/ "
+       "(RuntimeError: Failed to infer device type), Ascend's ACL",
+       "check nvidia-smi (or rocm-smi / npu-smi), the driver against torch's CUDA, "
+       "CUDA_VISIBLE_DEVICES, and rerun with CUDA_LAUNCH_BLOCKING=1 for an illegal access",
+       raw=True),
+    _c("quant", "the quantisation is not supported here",
+       r"quantization method .* not supported|not supported for the current GPU"
+       r"|[Mm]inimum capability|is not divisible by min_thread_k|Marlin|marlin",
+       "vLLM config/vllm.py VllmConfig._get_quantization_config raise ValueError 'The "
+       "quantization method %s is not supported for the current GPU. Minimum capability: %d'",
+       "this GPU cannot run that quantisation: pick a checkpoint quantised for it, or run "
+       "unquantised"),
+    _c("config", "the engine refused the configuration",
+       r"ValidationError|validation error for|must be divisible by|is not divisible by"
+       r"|is greater than the derived max_model_len|exceeds the total number of available GPUs"
+       r"|unrecognized arguments|invalid choice|not supported|is not a valid|must be (?:a|an|at)",
+       "vLLM config/model.py (pydantic ValidationError 'Value error, ...'; "
+       "verify_with_parallel_config 'must be divisible by tensor parallel size'; "
+       "_get_and_verify_max_len 'is greater than the derived max_model_len'), "
+       "distributed/utils.py ensure_divisibility '{} is not divisible by {}'",
+       "the reason is in the message: fix the argument it names in the profile's [server] "
+       "args or speculative table"),
+    _c("import", "a module could not be imported",
+       r"ImportError|ModuleNotFoundError|cannot import name|Unable to load .* on HF Hub"
+       r"|undefined symbol",
+       "Python's import; vLLM transformers_utils/dynamic_module.py "
+       "try_get_class_from_dynamic_module logger.warning('Unable to load %s from %s on %s.', "
+       "..., exc_info=True) for a trust_remote_code model file",
+       "the environment lacks what the model code imports: align transformers (or the "
+       "package named) with the model's code, or fix the model file", warning=True),
+    _c("weights", "the checkpoint does not fit the model",
+       r"KeyError: '[\w.]+'|size mismatch|shape mismatch|safetensors|[Cc]heckpoint"
+       r"|weight[\w.]* (?:not found|missing)|Missing key",
+       "vLLM model_executor/models/*.py load_weights (KeyError on a parameter name), "
+       "model_loader/weight_utils.py",
+       "the weights do not match the architecture vLLM built: check the model path, its "
+       "config.json, and the quantisation named", statement=False),
+    _c("ray", "a Ray actor or the Ray cluster failed",
+       r"ray\.exceptions\.|ActorDiedError|RayActorError|RaySystemError|placement group",
+       "Ray (ray.exceptions.*) under vLLM's executor/ray_distributed_executor.py",
+       "look at the dead actor's own log (`ray logs`, /tmp/ray/session_latest/logs) and at "
+       "the node's memory (the OOM killer ends Ray workers)"),
+)
+
+# A hang is said by a line of its own, not by an exception: `hung`, naming the marker.
+HANG_MARKERS: tuple[FailureClass, ...] = (
+    _c("shm_broadcast", "a process stopped answering the engine's broadcast",
+       r"No available (?:shared memory broadcast )?block found in",
+       "vLLM distributed/device_communicators/shm_broadcast.py MessageQueue.acquire_write / "
+       "acquire_read logger.info(long_wait_time_msg(...)) 'No available shared memory "
+       "broadcast block found in %s seconds', every 60 s (<= 0.5: logger.warning('No "
+       "available block found in %s second. '))",
+       "a worker is stuck (a collective waiting for a peer, a long compile): dump the "
+       "stacks (key d, `specconsole stacks`), and look for the process that is not waiting"),
+    _c("nccl_watchdog", "an NCCL collective timed out",
+       r"Watchdog caught collective operation timeout|watchdog thread terminated with exception"
+       r"|ProcessGroupNCCL's watchdog got stuck|Timeout\(ms\)=\d+\) ran for",
+       "torch csrc/distributed/c10d/ProcessGroupNCCL.cpp, the watchdog's LOG(ERROR) "
+       "'Watchdog caught collective operation timeout: ... ran for N milliseconds'",
+       "a rank never reached the collective: look for the rank that died or is stuck; "
+       "NCCL_DEBUG=INFO, and TORCH_NCCL_TRACE_BUFFER_SIZE for a flight record"),
+    _c("sglang_watchdog", "SGLang's scheduler watchdog fired",
+       r"(?:Scheduler )?[Ww]atchdog timeout",
+       "SGLang utils/watchdog.py WatchdogRaw._watchdog_once logger.error(f'{debug_name} "
+       "watchdog timeout (...)') (older: managers/scheduler.py Scheduler.watchdog_thread "
+       "'Watchdog timeout (...)')",
+       "a forward pass did not finish within --watchdog-timeout: look at the stacks of the "
+       "scheduler processes"),
+    _c("engine_wait", "the engine processes never came up",
+       r"Waiting for \d+ (?:local, \d+ remote )?core engine proc\(s\) to start",
+       "vLLM v1/engine/utils.py wait_for_engine_startup logger.debug('Waiting for %d local, "
+       "%d remote core engine proc(s) to start.'), each poll while it waits",
+       "the engine core is stuck before its handshake: its own lines say where; a "
+       "multi-node run waits for every node to join", statement=False),
+)
+# A marker that repeats: only its Nth repetition without progress in between is a hang.
+REPEATS_TO_HANG = {"engine_wait": 6}
+
+_BY_ID = {c.id: c for c in (*CLASSES, *HANG_MARKERS)}
+
+
+# A cause says what it is early: the rest of a long line (a 10 MB line is possible, and a
+# regex alternation over it costs seconds) is not read.
+_READ = 2048
+
+
+def classify(text: str) -> FailureClass | None:
+    """The first class whose words are in `text` (a root-cause line), or None."""
+    text = text[:_READ]
+    return next((c for c in CLASSES if c.pattern.search(text)), None)
+
+
+def states_cause(message: str, level: str | None) -> bool:
+    """An ERROR record (a WARNING or a line without level, for some classes) whose words
+    name a failure class: a cause in itself."""
+    message = message[:_READ]
+    if level == "WARNING":
+        return any(c.warning and c.pattern.search(message) for c in CLASSES)
+    if level is None:
+        return any(c.raw and c.pattern.search(message) for c in CLASSES)
+    return any(c.statement and c.pattern.search(message) for c in CLASSES)
+
+
+def hang_marker(message: str) -> FailureClass | None:
+    message = message[:_READ]
+    return next((m for m in HANG_MARKERS if m.pattern.search(message)), None)
+
+
+def by_id(class_id: str) -> FailureClass:
+    return _BY_ID[class_id]
+
+
+_LOCATION_RE = re.compile(r"\((\S[^()]*), line (\d+)\)$")
+_PORT_RE = re.compile(r"(?:address \(?'[^']*', |port |:)(\d{2,5})\b")
+
+
+def hint_for(kind: FailureClass, line: str) -> str:
+    """The class's hint, made concrete from the cause line where it names the place: the file
+    and line of a SyntaxError, the port that is taken."""
+    if kind.id == "syntax" and (m := _LOCATION_RE.search(line)) is not None:
+        return f"fix {m.group(1)}, line {m.group(2)} (a patched model file?); preflight's " \
+               "`compile_files` catches this before a launch"
+    if kind.id == "port" and (m := _PORT_RE.search(line)) is not None:
+        port = m.group(1)
+        return f"another program holds port {port}: `ss -ltnp 'sport = :{port}'` names it; " \
+               "stop it or change server.port (preflight's port_free check says who)"
+    return kind.hint
