@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import socket
 import sys
@@ -15,9 +16,16 @@ from typing import Any
 import psutil
 from textual.pilot import Pilot
 
-from tui.sim import FAKENVML_DIR
+from tui.sim.nvml.build import build as build_nvml
 
 RUN_ID_ENV = "SPECCONSOLE_RUN_ID"
+
+
+@functools.cache
+def nvml_dir() -> str:
+    """The NVML stand-in C library (tui/sim/nvml), built once: the agent's real nvidia-ml-py
+    loads it from this directory (LD_LIBRARY_PATH), reading the simulated GPUs' state."""
+    return str(build_nvml())
 
 
 def free_port() -> int:
@@ -140,7 +148,7 @@ scenario = "{scenario}"
 time_scale = {time_scale}
 gpus = {gpus}
 gpu_state = "{tmp / 'gpus'}"
-nvml = "{FAKENVML_DIR}"
+nvml = "{nvml_dir()}"
 """
 
 

@@ -21,13 +21,12 @@ from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
-from helpers import carriers, wait_for
+from helpers import carriers, nvml_dir, wait_for
 
 from tui.remote.agent_archive import agent_archive
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHIVE = agent_archive()
-FAKENVML = ROOT / "tui" / "sim" / "fakenvml"
 PY = sys.executable
 # Copied from tui/core/protocol.py on purpose: the test pins the agreed bootstrap, not a copy
 # that would follow a change there.
@@ -54,10 +53,6 @@ BOOTSTRAP = (
     'sys.exit(main())'
 )
 ENV_KEY = "SPECCONSOLE_RUN_ID"
-
-needs_fakenvml = pytest.mark.skipif(not (FAKENVML / "pynvml.py").exists(),
-                                    reason="tui/sim/fakenvml/pynvml.py not written yet")
-
 
 def agent_env(pythonpath: str | None = None, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in (ENV_KEY, "PYTHONPATH")}
@@ -579,16 +574,21 @@ def write_gpu_state(state: Path, holders: dict[int, tuple[int, int]]) -> None:
             json.dumps({"pid": pid, "gpu": gpu, "used": used, "util": 40}))
 
 
-@needs_fakenvml
-def test_watch_gpus_with_fake_nvml_appearing_late(tmp_path: Path, runs) -> None:
+def nvml_env(state: Path, **extra: str) -> dict[str, str]:
+    """The agent on the NVML stand-in: the real nvidia-ml-py loading tui/sim/nvml's
+    libnvidia-ml.so.1, which reads the simulated GPUs' state."""
+    return agent_env(None, LD_LIBRARY_PATH=nvml_dir(), SPECCONSOLE_SIM_GPU_STATE=str(state),
+                     **extra)
+
+
+def test_watch_gpus_with_nvml_appearing_late(tmp_path: Path, runs) -> None:
     state = tmp_path / "gpus"
     run_dir, launched = runs(SLEEPER)
-    env = agent_env(str(FAKENVML), SPECCONSOLE_SIM_GPU_STATE=str(state))
-    agent = Agent("watch", watch_spec(run_dir), env=env)
+    agent = Agent("watch", watch_spec(run_dir), env=nvml_env(state))
     try:
         _, hello = agent.next("hello")  # no devices.json yet: like a driver not loaded
         assert hello["nvml"]["ok"] is False and "Driver Not Loaded" in hello["nvml"]["error"]
-        assert hello["pynvml"] == "sim" and hello["gpu_count"] == 0
+        assert hello["pynvml"] not in (None, "sim") and hello["gpu_count"] == 0
         write_gpu_state(state, {launched["pid"]: (3, 5 * 2**30)})
         _, gpus = agent.next("gpus", timeout=5)  # init is retried every 2 s
         assert [g["index"] for g in gpus["gpus"]] == list(range(8))
@@ -787,13 +787,11 @@ def test_kill_escalates_and_sweeps_the_run_id(tmp_path: Path, runs) -> None:
     stubborn = int(text.split("stubborn pid ")[1].split()[0])
     daemon = int(text.split("daemon ")[1].split()[0])
     assert os.getsid(daemon) != os.getsid(launched["pid"])  # left the session and group
-    env = None
-    if (FAKENVML / "pynvml.py").exists():
-        bystander = subprocess.Popen(["sleep", "30"])
-        state = tmp_path / "gpus"
-        write_gpu_state(state, {stubborn: (0, 2**30), daemon: (1, 2**30),
-                                bystander.pid: (2, 2**30)})
-        env = agent_env(str(FAKENVML), SPECCONSOLE_SIM_GPU_STATE=str(state))
+    bystander = subprocess.Popen(["sleep", "30"])
+    state = tmp_path / "gpus"
+    write_gpu_state(state, {stubborn: (0, 2**30), daemon: (1, 2**30),
+                            bystander.pid: (2, 2**30)})
+    env = nvml_env(state)
     t0 = time.monotonic()
     rc, msgs = run_agent("kill", {"run_dir": str(run_dir), "grace": 0.5}, env=env)
     elapsed = time.monotonic() - t0
@@ -809,13 +807,10 @@ def test_kill_escalates_and_sweeps_the_run_id(tmp_path: Path, runs) -> None:
     assert elapsed < 5
     info = json.loads((run_dir / "exit.json").read_text())  # the monitor lived to write it
     assert info["signal"] == signal.SIGTERM
-    if env is not None:
-        assert killed["gpu_released"] is True
-        assert [(h["pid"], h["run"]) for h in killed["gpu_holders"]] == [(bystander.pid, False)]
-        bystander.kill()
-        bystander.wait()
-    else:
-        assert killed["gpu_released"] is None
+    assert killed["gpu_released"] is True
+    assert [(h["pid"], h["run"]) for h in killed["gpu_holders"]] == [(bystander.pid, False)]
+    bystander.kill()
+    bystander.wait()
 
 
 KILL_FROM_INSIDE = r"""
@@ -924,13 +919,12 @@ def test_preflight_checks(tmp_path: Path) -> None:
     assert "8 GPUs expected, 0 visible" in failed[("gpu_count", "warning")]
 
 
-@needs_fakenvml
 def test_preflight_names_foreign_gpu_holders(tmp_path: Path) -> None:
     holder = subprocess.Popen(["sleep", "30"])
     try:
         state = tmp_path / "gpus"
         write_gpu_state(state, {holder.pid: (5, 3 * 2**30)})
-        env = agent_env(str(FAKENVML), SPECCONSOLE_SIM_GPU_STATE=str(state))
+        env = nvml_env(state)
         rc, msgs = run_agent("preflight", {"check_gpus": True, "expect_gpus": 8}, env=env)
     finally:
         holder.kill()

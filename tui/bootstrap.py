@@ -106,18 +106,20 @@ def run_vllm_lane(extra_args: list[str]) -> int:
 
 
 LAB_TOOLS = {"/usr/sbin/sshd": "openssh-server", "ip": "iproute2", "nft": "nftables"}
+# The tests build the NVML stand-in (tui/sim/nvml) with the host's C compiler.
+TEST_TOOLS = {"cc": "gcc"}
 POLICY_RC = Path("/usr/sbin/policy-rc.d")
 
 
-def _missing_lab_packages() -> list[str]:
-    return [pkg for tool, pkg in LAB_TOOLS.items()
+def _missing(tools: dict[str, str]) -> list[str]:
+    return [pkg for tool, pkg in tools.items()
             if not (os.access(tool, os.X_OK) if tool.startswith("/") else shutil.which(tool))]
 
 
-def ensure_lab_packages() -> str | None:
-    """Install sshd, ip and nft with apt-get where missing; why not, as one line, or None.
-    A policy-rc.d (exit 101) stops the package from starting a system sshd meanwhile."""
-    missing = _missing_lab_packages()
+def ensure_packages(tools: dict[str, str]) -> str | None:
+    """Install the Debian packages of missing tools with apt-get; why not, as one line, or
+    None. A policy-rc.d (exit 101) stops a package from starting a system sshd meanwhile."""
+    missing = _missing(tools)
     if not missing:
         return None
     if os.geteuid() != 0:
@@ -138,7 +140,7 @@ def ensure_lab_packages() -> str | None:
     finally:
         if own_policy:
             POLICY_RC.unlink(missing_ok=True)
-    still = _missing_lab_packages()
+    still = _missing(tools)
     return f"still missing after apt-get: {', '.join(still)}" if still else None
 
 
@@ -146,7 +148,7 @@ def run_lab_lane(extra_args: list[str]) -> int:
     """The fault lab: real sshd hosts in network namespaces, faults injected mid-load. A setup
     failure is its one line and exit 1; the figures the tests measured are printed."""
     started = time.monotonic()
-    why = ensure_lab_packages()
+    why = ensure_packages(LAB_TOOLS)
     if why is not None:
         print(f"lab lane setup: {why}", file=sys.stderr)
         return 1
@@ -182,6 +184,11 @@ def main(argv: list[str]) -> int:
         return subprocess.run([str(VENV / "bin" / "specconsole"), "demo", *argv[1:]],
                               cwd=ROOT).returncode
     ensure_installed("test")
+    why = ensure_packages(TEST_TOOLS)
+    if why is not None:
+        print(f"bootstrap: {why} (the tests build the NVML stand-in with a C compiler)",
+              file=sys.stderr)
+        return 1
     if argv[0] == "score":
         return run_score(argv[1:])
     if argv[0] == "vllm":

@@ -23,7 +23,7 @@ import psutil
 from common import Figures, agent_process, cpu_share, launched, profile_for, say, supervisor
 
 from tui.core.state import State
-from tui.sim import FAKENVML_DIR
+from tui.sim.nvml.build import build as build_nvml
 
 # What the alternative runs once a second; it reports its CPU (own + reaped children) as JSON.
 _NVIDIA_SMI = """
@@ -52,7 +52,8 @@ print(json.dumps({"cpu_s": cpu() - used, "seconds": time.monotonic() - start}))
 
 
 def _alternative(seconds: float, gpu_state: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": FAKENVML_DIR, "SPECCONSOLE_SIM_GPU_STATE": str(gpu_state)}
+    env = {**os.environ, "LD_LIBRARY_PATH": str(build_nvml()),
+           "SPECCONSOLE_SIM_GPU_STATE": str(gpu_state)}
     return subprocess.Popen([sys.executable, "-c", _POLL_LOOP, str(seconds), sys.executable,
                              "-c", _NVIDIA_SMI], stdout=subprocess.PIPE, text=True, env=env)
 

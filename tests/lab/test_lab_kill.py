@@ -27,7 +27,7 @@ from typing import Any
 
 import psutil
 import pytest
-from helpers import alive, carriers, count_lines
+from helpers import alive, carriers, count_lines, nvml_dir
 from test_kill_escalation import escapee_of
 from test_leftovers import holders, with_args
 
@@ -151,9 +151,9 @@ NVML_USED = ("import pynvml; pynvml.nvmlInit(); print(*(pynvml.nvmlDeviceGetMemo
 
 
 def nvml_used(lab: Lab, host: str, gpus: Path) -> list[int]:
-    """Memory used per GPU as the fake NVML on the lab host reports it (what the agent and
-    `nvidia-smi` would read there)."""
-    result = lab.run_in(host, ["env", f"PYTHONPATH={ROOT / 'tui' / 'sim' / 'fakenvml'}",
+    """Memory used per GPU as the NVML stand-in on the lab host reports it through the real
+    nvidia-ml-py (what the agent and `nvidia-smi` would read there)."""
+    result = lab.run_in(host, ["env", f"LD_LIBRARY_PATH={nvml_dir()}",
                                f"SPECCONSOLE_SIM_GPU_STATE={gpus}", sys.executable, "-c",
                                NVML_USED])
     assert result.returncode == 0, result.stderr

@@ -43,6 +43,7 @@ from tui.core.state import (
 from tui.core.status import RunView, view_of
 from tui.supervise.history import Launch
 from tui.supervise.supervisor import (
+    AgentHello,
     Fatal,
     GpusSeen,
     HistoryLoaded,
@@ -78,6 +79,7 @@ class Bridge:
     sup: Supervisor
     procs: ProcTree = field(default_factory=ProcTree)
     gpus: GpuHistory = field(default_factory=GpuHistory)
+    gpu_note: str | None = None  # the agent said this host has no NVML
     stalled: Stalled | None = None
     ready_took: float | None = None
     link: str | None = None
@@ -109,7 +111,7 @@ class Bridge:
                 continue
             flush_lines()
             if isinstance(event, RunStarted):
-                self.procs, self.gpus = ProcTree(), GpuHistory()
+                self.procs, self.gpus, self.gpu_note = ProcTree(), GpuHistory(), None
                 self.stalled = self.ready_took = self._cause_offset = None
                 self.kill_steps = []
                 self.spec_interval = self.spec_totals = None
@@ -127,6 +129,12 @@ class Bridge:
                 self.gpus.add(event.gpus)
                 self.procs.gpus(event.gpus)
                 gpus_changed = procs_changed = True
+            elif isinstance(event, AgentHello):
+                hello = event.hello
+                self.gpu_note = None if hello.nvml_ok else (
+                    f"no NVML on this host ({hello.nvml_error or 'no driver'}): no GPU data"
+                    " will come (a CPU build, or no NVIDIA driver)")
+                gpus_changed = True
             elif isinstance(event, (Died, CauseUpdated)):
                 out.extend(self._death(event))
                 procs_changed = run_changed = True
@@ -193,7 +201,7 @@ class Bridge:
         if procs_changed:
             out.append(ProcsChanged(self.procs.rows(self.sup.machine.names()), now))
         if gpus_changed:
-            out.append(GpusChanged(self.gpus.rows()))
+            out.append(GpusChanged(self.gpus.rows(), self.gpu_note))
         if run_changed:
             out.append(RunChanged(self.view(), now))
         return out

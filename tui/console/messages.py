@@ -44,6 +44,7 @@ class ProcsChanged(Message):
 @dataclass
 class GpusChanged(Message):
     rows: tuple[GpuRow, ...]
+    note: str | None = None  # why there are no rows: "no NVML on this host (...)"
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, GpusChanged)

@@ -100,6 +100,7 @@ class GpuInfo:
     mem_total: int | None
     util: int | None
     procs: tuple[GpuProc, ...] = ()
+    lost: bool = False  # NVML says the device fell off the bus: its numbers are gone
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +259,8 @@ def _proc(d: dict[str, Any]) -> ProcInfo:
 def _gpu(d: dict[str, Any]) -> GpuInfo:
     return GpuInfo(index=int(d["index"]), name=str(d.get("name") or "GPU"),
                    mem_used=d.get("mem_used"), mem_total=d.get("mem_total"), util=d.get("util"),
-                   procs=tuple(GpuProc(int(p["pid"]), p.get("mem")) for p in d.get("procs") or ()))
+                   procs=tuple(GpuProc(int(p["pid"]), p.get("mem")) for p in d.get("procs") or ()),
+                   lost=d.get("lost") is True)
 
 
 def _hello(d: dict[str, Any]) -> Hello:

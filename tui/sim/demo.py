@@ -9,6 +9,7 @@ import socket
 
 from tui.core.profile import Profile, loads_profile
 from tui.sim import FAKENVML_DIR
+from tui.sim.nvml.build import BuildError, build
 
 DEMO_TEMPLATE = """
 [host]
@@ -58,6 +59,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def nvml_dir() -> str:
+    """The NVML stand-in the demo's agent reads its GPUs through: the C library under the real
+    nvidia-ml-py when this machine can build it, else the Python fake (no compiler)."""
+    try:
+        return str(build())
+    except BuildError:
+        return FAKENVML_DIR
+
+
 def demo_profile(scenario: str, time_scale: float, engine: str = "vllm") -> Profile:
     """A profile for `specconsole demo`: a 25-minute load shown in 25 min / time_scale, by
     the simulated vLLM or SGLang."""
@@ -65,5 +75,5 @@ def demo_profile(scenario: str, time_scale: float, engine: str = "vllm") -> Prof
     text = DEMO_TEMPLATE.format(port=free_port(), scenario=scenario, time_scale=time_scale,
                                 stall=f"{stall:g}", load=f"{25 * 60 / time_scale:g}",
                                 engine=engine, draft_sizes=DRAFT_SIZES[engine],
-                                nvml=FAKENVML_DIR)
+                                nvml=nvml_dir())
     return loads_profile(text, f"demo-{scenario}.toml")

@@ -1,4 +1,5 @@
-"""Writer side of the fake NVML's state directory (the reader is `fakenvml/pynvml.py`).
+"""Writer side of the simulated GPUs' state directory (the readers: the NVML stand-in
+`nvml/libnvidia_ml.c`, and the Python fake `fakenvml/pynvml.py`).
 
 Layout, as the reader `tui/sim/fakenvml/pynvml.py` documents it: `devices.json`
 {"count","name","total"} and one `holder-<pid>.json` {"pid","gpu","used","util"} per simulated

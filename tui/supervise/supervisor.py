@@ -223,6 +223,7 @@ class Supervisor:
         self.run: RunInfo | None = None
         self.machine = self._new_machine()
         self.log_end = 0
+        self.lost_gpus: set[int] = set()  # devices already said lost (once each)
         # secret values known here (launch or attach) are redacted from every line and cmdline
         self.secrets = tuple(v for n in profile.server.secret_env if (v := self.environ.get(n)))
         self.last_checks: tuple[Check, ...] = ()
@@ -490,6 +491,7 @@ class Supervisor:
     def _begin(self, now: float) -> None:
         assert self.run is not None
         self.log_end = 0
+        self.lost_gpus = set()
         self._emit(self.machine.started(self.run.pid, self.run.launched_at, now))
         self._emit([RunStarted(self.run)])
         if self.history is not None:
@@ -596,6 +598,14 @@ class Supervisor:
         elif isinstance(event, Gpus):
             m.feed_gpus(event, now)
             self._emit([GpusSeen(event)])
+            for gpu in event.gpus:
+                if gpu.lost and gpu.index not in self.lost_gpus:
+                    self.lost_gpus.add(gpu.index)
+                    self._emit([Notice(
+                        f"{self.profile.host.target}: GPU {gpu.index} is lost (fell off the bus:"
+                        " NVML answers GPU_IS_LOST); what runs on it will fail, the other GPUs"
+                        f" keep streaming — `nvidia-smi -q -i {gpu.index}` and dmesg say why",
+                        "warning")])
         elif isinstance(event, Health):
             self._emit(m.feed_health(event, now))
         elif isinstance(event, RunExit):

@@ -17,13 +17,14 @@ class GpuPane(Widget, can_focus=True):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.rows: tuple[GpuRow, ...] = ()
+        self.note: str | None = None
 
     def on_gpus_changed(self, message: GpusChanged) -> None:
-        self.rows = message.rows
+        self.rows, self.note = message.rows, message.note
         self.refresh(layout=True)
 
     def reset(self) -> None:
-        self.rows = ()
+        self.rows, self.note = (), None
         self.refresh(layout=True)
 
     def get_content_height(self, container: object, viewport: object, width: int) -> int:
@@ -31,7 +32,7 @@ class GpuPane(Widget, can_focus=True):
 
     def render(self) -> Text:
         if not self.rows:
-            return Text("no GPU data yet", style="dim")
+            return Text(self.note or "no GPU data yet", style="yellow" if self.note else "dim")
         width = self.size.width
         names = [r.info.name.removeprefix("NVIDIA ") for r in self.rows]
         # index, numbers, util, holder, mark; the name takes what it needs while the bar and
@@ -50,6 +51,11 @@ class GpuPane(Widget, can_focus=True):
             style = "bold yellow" if row.lagging else ("red" if frac > 0.95 else "green")
             out.append(f"{gpu.index} ", style="bold")
             out.append(f"{names[i][:name_w]:<{name_w}} ")
+            if gpu.lost:
+                out.append("LOST — fell off the bus (NVML: GPU is lost)", style="bold red")
+                if i < len(self.rows) - 1:
+                    out.append("\n")
+                continue
             out.append_text(bar(frac, bar_w, style))
             out.append(f"  {gib(used):>5}/{gib(total):>5}G ")
             out.append(f"{gpu.util:>3}%" if gpu.util is not None else "  —%", style="cyan")
