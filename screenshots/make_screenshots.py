@@ -1,8 +1,9 @@
 """Redraw screenshots/*.svg from the demo: `.venv/bin/python screenshots/make_screenshots.py`.
 
 Each picture is the real console on the simulated engine (no GPU, no SSH), captured headless at
-the moment it shows: loading, ready, dead, the kill confirmation, the 80x24 layout, and the fleet
-of three demo runs (vLLM, SGLang, the story). Re-run
+the moment it shows: loading, ready, dead, the kill confirmation, the 80x24 layout, the stacks
+pane (key d, py-spy of the simulated engine's real processes), and the fleet of three demo runs
+(vLLM, SGLang, the story). Re-run
 it whenever the look changes; the README shows these files.
 """
 
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from textual.pilot import Pilot  # noqa: E402
 
 from tui.console.app import ConsoleApp  # noqa: E402
+from tui.console.screens.stacks import StacksScreen  # noqa: E402
 from tui.core.phases import Phase  # noqa: E402
 from tui.core.profile import Profile  # noqa: E402
 from tui.core.state import State  # noqa: E402
@@ -58,11 +60,18 @@ async def shoot(scenario: str, size: tuple[int, int], shots: list[str]) -> None:
                 await _until(pilot, lambda: state.state is State.DEAD)
             elif shot == "kill-confirm":
                 await pilot.press("k")
+            elif shot == "stacks":
+                await _until(pilot, lambda: _loading(app))
+                await pilot.press("d")
+                await _until(pilot, lambda: isinstance(app.screen, StacksScreen)
+                             and bool(app.screen.query("#stacks-body")))
             await pilot.pause(1.2)  # a procs and GPU sample after the moment
             path = app.save_screenshot(f"{shot}.svg", str(HERE))
             print(path)
             if shot == "kill-confirm":
                 await pilot.press("n")
+            if shot == "stacks":
+                await pilot.press("escape")
         await pilot.press("q")
         await _until(pilot, lambda: state.state is State.STOPPED, 30)
 
@@ -95,6 +104,7 @@ async def main() -> None:
     await shoot("ready", (200, 50), ["loading", "ready", "kill-confirm"])
     await shoot("syntax-error", (200, 50), ["dead"])
     await shoot("ready", (80, 24), ["narrow-80x24"])
+    await shoot("hang", (200, 50), ["stacks"])
 
 
 if __name__ == "__main__":

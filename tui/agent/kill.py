@@ -16,7 +16,8 @@ from .wire import AgentFailure, SpecError, emit, spec_value
 
 
 def cmd_kill(spec: dict) -> int:
-    """TERM the run, KILL what survives the grace, sweep by run id, then verify.
+    """TERM (then CONT, for a stopped process) the run, KILL what survives the grace, sweep by
+    run id, then verify.
 
     Never signalled: this agent, its ancestors and the monitor (`exclude`).  The process group
     is signalled as a whole only while a live member holds it (so its number is the run's) and
@@ -33,6 +34,8 @@ def cmd_kill(spec: dict) -> int:
     ever: set[int] = set(tracker.procs)  # every pid of the run seen, for the GPU check
 
     termed = _signal_members(tracker, exclude, signal.SIGTERM)
+    # a stopped process (SIGSTOP, a debugger's hold) acts on its TERM only once continued
+    _signal_members(tracker, exclude, signal.SIGCONT)
     emit("kill_step", step="TERM", pids=termed, time=time.time())
     _wait_dead(tracker, time.monotonic() + grace)
 

@@ -1,8 +1,8 @@
 """The agent's entry: `python agent.pyz SUBCOMMAND` with the spec as one JSON line on stdin.
 
-Subcommands: launch, watch, kill, kill_pids, runs, preflight, http. psutil is imported first and
-alone, so that its absence is one JSON error naming the fix, not a traceback; the commands'
-modules (which import psutil) are loaded after it.
+Subcommands: launch, watch, kill, kill_pids, runs, preflight, http, stacks. psutil is imported
+first and alone, so that its absence is one JSON error naming the fix, not a traceback; the
+commands' modules (which import psutil) are loaded after it.
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ def commands() -> dict[str, Callable[[dict], int]]:
     from .launch import cmd_launch
     from .preflight import cmd_preflight
     from .runs import cmd_runs
+    from .stacks import cmd_stacks
     from .watch import cmd_watch
 
     return {"http": cmd_http, "launch": cmd_launch, "watch": cmd_watch, "kill": cmd_kill,
-            "runs": cmd_runs, "preflight": cmd_preflight, "kill_pids": cmd_kill_pids}
+            "runs": cmd_runs, "preflight": cmd_preflight, "kill_pids": cmd_kill_pids,
+            "stacks": cmd_stacks}
 
 
 def main(argv: list[str] | None = None) -> int:

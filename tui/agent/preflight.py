@@ -15,6 +15,7 @@ from .names import vllm_name
 from .nvml import Gpus
 from .procfs import read_cmdline, read_stat
 from .rundir import Run, run_id_of
+from .stacks import PYSPY_FIX, find_pyspy
 from .wire import AgentFailure, emit, spec_strings, spec_value
 
 
@@ -41,6 +42,11 @@ def cmd_preflight(spec: dict) -> int:
     for path in spec_strings(spec, "paths"):
         exists = os.path.exists(os.path.expanduser(path))
         add("path", exists, f"{path} exists" if exists else f"{path} does not exist")
+    if spec_value(spec, "stacks", bool, False):
+        pyspy = find_pyspy()
+        add("pyspy", pyspy is not None, f"py-spy found ({pyspy}): stacks on key d and on a "
+            "stall" if pyspy else f"py-spy not found for {sys.executable} nor on PATH: no "
+            f"stacks on a stall or on key d — {PYSPY_FIX}", "warning")
     expect = spec_value(spec, "expect_gpus", int, None)
     if expect is not None:
         gpus = gpus or Gpus()

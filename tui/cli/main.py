@@ -35,6 +35,7 @@ from tui.core.explain import explain, explanation_lines
 from tui.core.logline import strip_escapes
 from tui.core.phases import Phase
 from tui.core.profile import ENGINES, Profile, load_profile, parse_duration
+from tui.core.stacks import stack_lines
 from tui.core.state import Died, LineAdded, ProgressChanged, Ready, Stalled, State
 from tui.supervise.group import ClusterRun, run_of
 from tui.supervise.history import History, diff
@@ -46,6 +47,7 @@ from tui.supervise.supervisor import (
     LinkRestored,
     Notice,
     RunStarted,
+    StacksTaken,
     Supervisor,
 )
 
@@ -120,7 +122,33 @@ async def _wait(sup: Supervisor, args: argparse.Namespace, out: _Printer,
         if isinstance(event, Ready) and not past_ready:
             return EXIT_READY
         if isinstance(event, Stalled):
+            if sup.profile.expect.stacks_on_stall:
+                await _stall_stacks(events, out)
             return EXIT_STALLED
+
+
+STACKS_WAIT_S = 60.0  # py-spy of every process, over SSH: seconds, but a stuck host is slow
+
+
+async def _stall_stacks(events: asyncio.Queue[Any], out: _Printer) -> None:
+    """The stacks the supervisor takes on a stall: where each process is, and where the whole
+    dump is saved on the host (or why there is none)."""
+    end = time.monotonic() + STACKS_WAIT_S
+    while (left := end - time.monotonic()) > 0:
+        try:
+            event = await asyncio.wait_for(events.get(), left)
+        except asyncio.TimeoutError:
+            break
+        if isinstance(event, StacksTaken):
+            out.say(f"stacks of {len(event.stacks)} processes (py-spy, {event.why}), saved "
+                    f"on the host: {event.path}", stacks=event.path)
+            for stack in event.stacks:
+                out.say(f"  {stack.summary()}")
+            return
+        if isinstance(event, Notice) and event.text.startswith("no stacks"):
+            out.say(event.text)
+            return
+    out.say(f"no stacks within {STACKS_WAIT_S:.0f}s (py-spy did not answer)")
 
 
 def _notices_so_far(events: asyncio.Queue[Any]) -> list[str]:
@@ -259,6 +287,31 @@ async def cmd_kill(args: argparse.Namespace) -> int:
         released, gpu = gpu_verdict(killed)
         print(f"no process of the run remains; {gpu}")
         return 0 if released else EXIT_ERROR
+    finally:
+        await sup.close()
+
+
+async def cmd_stacks(args: argparse.Namespace) -> int:
+    """py-spy's stacks of every process of the profile's live run, read on its host (saved
+    there too), where each is stuck first."""
+    profile = _profile(args.profile)
+    if is_cluster(profile):
+        profile = member_profile(profile, args.member)
+    sup = Supervisor(profile)
+    try:
+        record = await sup.select()
+        if not record.alive:
+            raise RunNotFound(f"run {record.run_id} has ended: no process to take stacks of")
+        taken = await sup.stacks(native=args.native)
+        print(strip_escapes(f"stacks of run {record.run_id}: {len(taken.stacks)} processes, "
+                            f"saved on {profile.host.target} in {taken.path}"))
+        for stack in taken.stacks:
+            print(strip_escapes(f"  {stack.summary()}"))
+        for stack in taken.stacks:
+            print()
+            for _, text in stack_lines(stack):
+                print(strip_escapes(text))
+        return 0
     finally:
         await sup.close()
 
@@ -491,8 +544,8 @@ def list_profiles() -> list[Path]:
 
 # -- parsing ---------------------------------------------------------------------------------
 
-COMMANDS = ("launch", "wait", "status", "kill", "logs", "check", "explain", "history", "demo",
-            "console")
+COMMANDS = ("launch", "wait", "status", "kill", "logs", "stacks", "check", "explain", "history",
+            "demo", "console")
 PROFILE_DIRS = (Path("profiles"), Path("~/.config/specconsole/profiles").expanduser())
 
 
@@ -572,6 +625,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--follow", action="store_true")
     sp.add_argument("--member", default="server",
                     help="several hosts: whose log (server, ray-head, ray-node-1, node-1, ...)")
+
+    sp = add("stacks", "py-spy the Python stacks of every process of the live run", cmd_stacks)
+    sp.add_argument("profile")
+    sp.add_argument("--native", action="store_true", help="native frames too (py-spy --native)")
+    sp.add_argument("--member", default="server",
+                    help="several hosts: whose processes (server, ray-head, node-1, ...)")
 
     sp = add("check", "run the profile's preflight checks only", cmd_check)
     sp.add_argument("profile")

@@ -41,6 +41,7 @@ from tui.console.messages import (
 )
 from tui.console.screens.confirm import ConfirmScreen
 from tui.console.screens.help import HelpScreen
+from tui.console.screens.stacks import StacksScreen
 from tui.console.widgets.fleet import FleetRow, FleetTable
 from tui.console.widgets.logs import LogPane, NeedOlder
 from tui.console.widgets.member import MemberPanes
@@ -53,7 +54,7 @@ from tui.core.protocol import GpuHolder
 from tui.core.state import State
 from tui.core.status import status_line
 from tui.supervise.runs import Member, Run, SingleRun
-from tui.supervise.supervisor import Supervisor
+from tui.supervise.supervisor import StacksTaken, Supervisor
 
 PAGE_BYTES = 256 * 1024  # one scroll-back page fetched from the host
 WINDOW_MARKS = {"dead": "✗ DEAD", "stalled": "⚠ STALLED", "ready": "✓ READY"}
@@ -459,6 +460,29 @@ class ConsoleApp(App[str]):
             self.busy.discard(id(run))
             for w in self._members_of(run):
                 self._title(w)
+
+    def action_stacks(self) -> None:
+        """py-spy every process of the selected member's run; the pane opens when they come."""
+        w = self._selected()
+        if w.sup.run is None:
+            self.notify("no run to take stacks of")
+            return
+        self.notify(f"taking the stacks of {w.member.host}'s processes with py-spy…")
+        self.run_worker(self._stacks(w), exit_on_error=False)
+
+    async def _stacks(self, w: Watch) -> None:
+        try:
+            taken = await w.sup.stacks()
+        except SpecconsoleError as exc:
+            self._alert(w, AlertRaised("error", f"STACKS — {exc}"))
+            return
+        self._show_stacks(w, taken)
+
+    def _show_stacks(self, w: Watch, taken: StacksTaken) -> None:
+        when = time.strftime("%H:%M:%S", time.localtime(taken.at))
+        self.push_screen(StacksScreen(
+            f"stacks of {len(taken.stacks)} processes on {w.member.host} at {when} "
+            f"({taken.why}) — saved on the host: {taken.path}", taken.stacks))
 
     def action_restart(self) -> None:
         """Restart the selected run: every member, through the run."""

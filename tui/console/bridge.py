@@ -58,6 +58,7 @@ from tui.supervise.supervisor import (
     RunStarted,
     SmokeDone,
     SpecDecodeSeen,
+    StacksTaken,
     Supervisor,
 )
 
@@ -141,8 +142,14 @@ class Bridge:
             elif isinstance(event, Stalled):
                 self.stalled = event
                 out.append(AlertRaised("stalled", "STALLED — " + event.summary(),
-                                       "the server is alive but nothing moves", ring=True))
+                                       "; ".join(s.words() for s in event.suspects)
+                                       or "the server is alive but nothing moves", ring=True))
                 run_changed = True
+            elif isinstance(event, StacksTaken) and self.stalled is not None:
+                where = "; ".join(s.summary() for s in event.stacks[:4])
+                more = f" (+{len(event.stacks) - 4} more)" if len(event.stacks) > 4 else ""
+                out.append(AlertRaised("stalled", "STALLED — " + self.stalled.summary(),
+                                       f"stacks {event.why}: {where}{more} — d shows them all"))
             elif isinstance(event, Ready):
                 self.ready_took = event.took
                 out.append(AlertRaised("ready", f"READY — took {duration(event.took)}",
@@ -199,7 +206,9 @@ class Bridge:
             out.append(SpecDecodeChanged(self.spec_interval, self.spec_totals,
                                          tuple(self.spec_trend)))
         if procs_changed:
-            out.append(ProcsChanged(self.procs.rows(self.sup.machine.names()), now))
+            m = self.sup.machine
+            out.append(ProcsChanged(self.procs.rows(m.names(), m.procwatch.held_for(now, 0.0)),
+                                    now))
         if gpus_changed:
             out.append(GpusChanged(self.gpus.rows(), self.gpu_note))
         if run_changed:

@@ -37,6 +37,9 @@ KEYS: tuple[Key, ...] = (  # the footer shows them in this order: the vital ones
     Key("kill-leftovers", "K", "kill_leftovers", "Kill leftovers",
         "Shown when preflight refused because leftovers of ended runs hold the GPUs: kill "
         "exactly those (after you confirm), check they are gone, then launch", display="K"),
+    Key("stacks", "d", "stacks", "Stacks",
+        "Dump the Python stacks of every process of the run with py-spy on the GPU host (where "
+        "each is stuck, the engine's frames marked); saved in the run's directory too"),
     Key("raw", "f", "toggle_raw", "Raw/filtered",
         "Show every line, or hide the noise rules' lines (counted in the log header)"),
     Key("search", "slash", "search", "Search", "Search the log by regular expression",

@@ -82,7 +82,8 @@ def describe(event: object) -> list[str]:
     if isinstance(event, CauseUpdated) and event.death.cause is not None:
         return cause_lines(event.death.cause)
     if isinstance(event, Stalled):
-        return [f"STALLED: {event.summary()}"]
+        return [f"STALLED: {event.summary()}",
+                *(f"suspect: {suspect.words()}" for suspect in event.suspects)]
     if isinstance(event, HelperExited):
         ex = event.exit
         how = f"signal {ex.signal}" if ex.signal is not None else f"exit code {ex.code}"

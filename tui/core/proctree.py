@@ -26,6 +26,7 @@ class ProcRow:
     started: float | None
     alive: bool
     exit: str | None  # "exit 1", "signal 9", "exit ?" once dead
+    held_s: float | None = None  # stopped (T) or in D this long: amber in the pane
 
 
 @dataclass(slots=True)
@@ -71,10 +72,12 @@ class ProcTree:
                     mem[holder.pid] = mem.get(holder.pid, 0) + holder.mem
         self._gpu_mem = mem
 
-    def rows(self, names: Mapping[int, str] | None = None) -> tuple[ProcRow, ...]:
+    def rows(self, names: Mapping[int, str] | None = None,
+             held: Mapping[int, float] | None = None) -> tuple[ProcRow, ...]:
         """Tree order (parent before children, children by pid); `names` are vLLM's own names
-        from the log prefixes, preferred to the kernel's."""
-        names = names or {}
+        from the log prefixes, preferred to the kernel's; `held`: seconds a process has been
+        stopped or in uninterruptible sleep (tui.core.stall)."""
+        names, held = names or {}, held or {}
         children: dict[int | None, list[int]] = {}
         for pid, known in self._procs.items():
             parent = known.info.ppid if known.info.ppid in self._procs else None
@@ -92,7 +95,8 @@ class ProcTree:
                                info.cpu if info.alive else None,
                                info.rss if info.alive else None,
                                self._gpu_mem.get(pid) if info.alive else None,
-                               info.started, info.alive, None if info.alive else dead))
+                               info.started, info.alive, None if info.alive else dead,
+                               held.get(pid) if info.alive else None))
             for child in sorted(children.get(pid, ())):
                 walk(child, depth + 1)
 

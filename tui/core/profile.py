@@ -136,6 +136,7 @@ class ExpectConfig:
     load_time: float = 1800.0
     stall_timeout: float = 600.0
     ready_timeout: float | None = None
+    stacks_on_stall: bool = True  # py-spy every process of the run once when it stalls
 
 
 @dataclass(frozen=True, slots=True)
@@ -644,7 +645,8 @@ _PREFLIGHT = {name: _bool for name in (
     "enabled", "compile", "engine_package", "gpus_free", "port_free", "paths_exist",
     "spec_consistent")} | {"compile_files": _list(_str)}
 _LOGS = {"hide": _list(_rule), "harmless": _list(_rule)}
-_EXPECT = {"load_time": _duration, "stall_timeout": _duration, "ready_timeout": _duration}
+_EXPECT = {"load_time": _duration, "stall_timeout": _duration, "ready_timeout": _duration,
+           "stacks_on_stall": _bool}
 _ALERTS = {"on_ready": _str, "on_dead": _str, "on_stalled": _str, "hook_timeout": _duration,
            "tmux": _bool}
 _SMOKE = {"enabled": _bool, "kind": _one_of(("completion", "chat")), "prompt": _str,

@@ -218,6 +218,27 @@ class Preflight:
 
 
 @dataclass(frozen=True, slots=True)
+class Stack:
+    """One process's Python stacks as py-spy dumped them (`text`), or why not (`error`)."""
+
+    pid: int
+    name: str
+    state: str | None
+    ok: bool
+    text: str | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StacksDone:
+    """Every process was asked; the dumps are saved on the host at `path`."""
+
+    count: int
+    path: str
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
 class Metrics:
     """The server's /metrics lines the watch asked for (a prefix), fetched on the GPU host."""
 
@@ -247,7 +268,8 @@ class HttpReply:
 
 
 AgentEvent = (Hello | Secrets | Procs | Gpus | LogChunk | ProcExit | RunExit | Health | AgentFault
-              | Launched | KillStep | Killed | Runs | Preflight | Metrics | HttpReply | DiskSpace)
+              | Launched | KillStep | Killed | Runs | Preflight | Metrics | HttpReply | DiskSpace
+              | Stack | StacksDone)
 
 
 def _proc(d: dict[str, Any]) -> ProcInfo:
@@ -315,6 +337,10 @@ _DECODERS: dict[str, Any] = {
                                 str(d.get("path", "")), float(d["time"])),
     "http": lambda d: HttpReply(d.get("status"), float(d.get("seconds") or 0.0),
                                 str(d.get("body", ""))),
+    "stack": lambda d: Stack(int(d["pid"]), str(d.get("name") or "?"), d.get("state"),
+                             bool(d.get("ok")), d.get("text"), d.get("error")),
+    "stacks_done": lambda d: StacksDone(int(d.get("count") or 0), str(d.get("path", "")),
+                                        float(d["time"])),
     "preflight": lambda d: Preflight(tuple(
         Check(str(c["check"]), bool(c["ok"]), str(c.get("severity", "error")),
               str(c.get("message", "")), tuple(_holder(h) for h in c.get("holders") or ()))
@@ -323,8 +349,9 @@ _DECODERS: dict[str, Any] = {
 
 
 # Messages whose text is kept byte for byte: log lines (rendered later, escapes stripped there,
-# offsets must stay true), metrics and HTTP bodies (parsed, never drawn as they are).
-_RAW = frozenset({"log", "metrics", "http"})
+# offsets must stay true), metrics and HTTP bodies (parsed, never drawn as they are), stack
+# dumps (many lines: each is stripped of escapes where it is drawn).
+_RAW = frozenset({"log", "metrics", "http", "stack"})
 
 
 def _clean(value: Any) -> Any:

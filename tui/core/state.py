@@ -22,6 +22,7 @@ from tui.core.phases import Phase, PhaseHit
 from tui.core.protocol import Gpus, Health, ProcExit, ProcInfo, Procs, RunExit
 from tui.core.rootcause import RootCause
 from tui.core.specdecode import SpecDecodeInterval, parse_interval
+from tui.core.stall import ProcWatch, Suspect
 from tui.core.timeline import Timeline
 
 
@@ -157,12 +158,15 @@ class CauseUpdated:
 
 @dataclass(frozen=True, slots=True)
 class Stalled:
+    """`suspects`: what the processes say (tui.core.stall), the likeliest first."""
+
     quiet_s: float
     frozen_gpus: tuple[int, ...]
     at: float
+    suspects: tuple[Suspect, ...] = ()
 
     def summary(self) -> str:
-        gpus = (f"GPU memory frozen on {', '.join(map(str, self.frozen_gpus))}"
+        gpus = (f"GPU memory and utilisation frozen on {', '.join(map(str, self.frozen_gpus))}"
                 if self.frozen_gpus else "no GPU memory change")
         return f"no log line for {self.quiet_s:.0f}s, {gpus}"
 
@@ -187,6 +191,7 @@ DomainEvent = (StateChanged | PhaseChanged | ProgressChanged | LineAdded | Died 
 @dataclass(slots=True)
 class _GpuTrack:
     used: int | None = None
+    util: int | None = None
     changed_at: float = 0.0
 
 
@@ -221,6 +226,8 @@ class LaunchMachine:
     # the latest `SpecDecoding metrics:` interval (acceptance while serving)
     spec_decode: SpecDecodeInterval | None = None
     health_paths: tuple[str, ...] = ("/health", "/v1/models")
+    # each live process's state and since when it is held (stopped, D): the stall's suspects
+    procwatch: ProcWatch = field(default_factory=ProcWatch)
     _health_ok: set[str] = field(default_factory=set)
     _gpus: dict[int, _GpuTrack] = field(default_factory=dict)
 
@@ -388,9 +395,10 @@ class LaunchMachine:
             events.append(ProgressChanged(hit.phase, cur.progress, cur.shards))
         return events
 
-    def feed_procs(self, snap: Procs) -> list[DomainEvent]:
+    def feed_procs(self, snap: Procs, at: float | None = None) -> list[DomainEvent]:
         for proc in snap.procs:
             self.procs[proc.pid] = proc
+        self.procwatch.feed(snap, snap.time if at is None else at)
         return []
 
     def name_of(self, pid: int, fallback: str) -> str:
@@ -415,6 +423,7 @@ class LaunchMachine:
 
     def feed_exit(self, ex: ProcExit, at: float) -> list[DomainEvent]:
         """A process of the run ended. The first server-process death is the run's death."""
+        self.procwatch.ended(ex.pid)
         name = self.name_of(ex.pid, ex.name)
         code, sig = _status(ex.code, ex.signal) if ex.code is not None or ex.signal is not None \
             else _status(self.reported_codes.get(name), None)
@@ -486,12 +495,12 @@ class LaunchMachine:
     def feed_gpus(self, snap: Gpus, at: float) -> list[DomainEvent]:
         for gpu in snap.gpus:
             track = self._gpus.setdefault(gpu.index, _GpuTrack(changed_at=at))
-            if gpu.mem_used != track.used:
-                track.used, track.changed_at = gpu.mem_used, at
+            if gpu.mem_used != track.used or gpu.util != track.util:
+                track.used, track.util, track.changed_at = gpu.mem_used, gpu.util, at
         return []
 
     def frozen_gpus(self, at: float, window: float) -> tuple[int, ...]:
-        """GPUs whose memory has not changed for `window` seconds."""
+        """GPUs whose memory and utilisation have not changed for `window` seconds."""
         return tuple(i for i, t in sorted(self._gpus.items()) if at - t.changed_at >= window)
 
     def tick(self, at: float) -> list[DomainEvent]:
@@ -504,6 +513,7 @@ class LaunchMachine:
         frozen = self.frozen_gpus(at, self.stall_timeout_s)
         if self._gpus and len(frozen) < len(self._gpus):
             return []  # memory still moving somewhere: loading, just quietly
-        return [*self._to(State.STALLED, at), Stalled(quiet, frozen, at)]
+        return [*self._to(State.STALLED, at),
+                Stalled(quiet, frozen, at, self.procwatch.suspects(at, self.names()))]
 
 

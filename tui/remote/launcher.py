@@ -34,6 +34,8 @@ from tui.core.protocol import (
     Preflight,
     RunRecord,
     Runs,
+    Stack,
+    StacksDone,
 )
 from tui.core.speculative import speculative_checks
 from tui.remote.agent_link import AgentTarget, call_agent, stream_agent
@@ -113,6 +115,7 @@ async def preflight(session: Session, profile: Profile) -> tuple[Check, ...]:
         "paths": _paths_to_check(profile) if pf.paths_exist else [],
         # "GPUs free" covers "enough GPUs": a CPU-only profile switches both off
         "expect_gpus": profile.server.tensor_parallel_size if pf.gpus_free else None,
+        "stacks": profile.expect.stacks_on_stall,  # is py-spy there to take them?
     }
     for ev in await call_agent(session, agent_target(profile), "preflight", spec):
         if isinstance(ev, Preflight):
@@ -173,3 +176,18 @@ async def _kill(session: Session, profile: Profile, command: str, spec: dict[str
     if killed is None:
         raise AgentError(session.host, "the agent did not report the end of the kill")
     return steps, killed
+
+
+async def stacks(session: Session, profile: Profile, run_dir: str, native: bool = False,
+                 ) -> tuple[list[Stack], StacksDone]:
+    """py-spy's dump of every process of the run, and where the host saved them."""
+    got: list[Stack] = []
+    async for ev in stream_agent(session, agent_target(profile), "stacks",
+                                 {"run_dir": run_dir, "native": native}):
+        if isinstance(ev, Stack):
+            got.append(ev)
+        elif isinstance(ev, StacksDone):
+            return got, ev
+        elif isinstance(ev, AgentFault):
+            raise AgentError(session.host, ev.message)
+    raise AgentError(session.host, "the agent did not finish the stacks")

@@ -52,6 +52,7 @@ from tui.core.protocol import (
     Secrets,
 )
 from tui.core.specdecode import SpecDecodeTotals, parse_totals
+from tui.core.stacks import ProcessStacks, process_stacks
 from tui.core.state import (
     CauseUpdated,
     Died,
@@ -175,6 +176,17 @@ class SpecDecodeSeen:
 
 
 @dataclass(frozen=True, slots=True)
+class StacksTaken:
+    """py-spy's stacks of every process of the run (`why`: "on request", "on stall"), saved
+    on the host at `path`."""
+
+    stacks: tuple[ProcessStacks, ...]
+    path: str
+    why: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class KillProgress:
     step: KillStep
 
@@ -186,7 +198,7 @@ class KillDone:
 
 SupervisorEvent = (DomainEvent | Notice | Fatal | PreflightDone | RunStarted | LinkLost
                    | LinkRestored | AgentHello | ProcsSeen | GpusSeen | ProcEnded | KillProgress
-                   | KillDone | HistoryLoaded | SmokeDone | SpecDecodeSeen)
+                   | KillDone | HistoryLoaded | SmokeDone | SpecDecodeSeen | StacksTaken)
 SessionOpener = Callable[[Any], Awaitable[Session]]
 
 
@@ -224,6 +236,7 @@ class Supervisor:
         self.machine = self._new_machine()
         self.log_end = 0
         self.lost_gpus: set[int] = set()  # devices already said lost (once each)
+        self._stall_stacks = False  # stacks were taken for the current stall
         # secret values known here (launch or attach) are redacted from every line and cmdline
         self.secrets = tuple(v for n in profile.server.secret_env if (v := self.environ.get(n)))
         self.last_checks: tuple[Check, ...] = ()
@@ -275,6 +288,11 @@ class Supervisor:
         elif isinstance(event, Stalled):
             self._record(outcome="stalled")
             self._hook("stalled", cause=event.summary(), quiet_s=round(event.quiet_s))
+            if self.profile.expect.stacks_on_stall and not self._stall_stacks:
+                self._stall_stacks = True  # once a stall: it is taken, or said why not
+                self._spawn(self._stacks_on_stall())
+        elif isinstance(event, StateChanged) and event.previous is State.STALLED:
+            self._stall_stacks = False
         elif isinstance(event, StateChanged) and event.state is State.STOPPED:
             self._record(ended=event.at, stopped=True)
 
@@ -332,6 +350,26 @@ class Supervisor:
                        signal=death.signal, since_launch=round(death.since_launch, 1),
                        phase=death.phase.label if death.phase else None,
                        cause=death.cause.line if death.cause else death.summary())
+
+    async def stacks(self, native: bool = False, why: str = "on request") -> StacksTaken:
+        """py-spy every process of the run on its host; the result is also an event, so the
+        console shows stacks taken on a stall as it shows those asked for."""
+        if self.run is None:
+            raise RunNotFound(f"no run of {self.profile.key} to take stacks of")
+        got, done = await launcher.stacks(await self.connect(), self.profile,
+                                          self.run.run_dir, native)
+        m = self.machine
+        taken = StacksTaken(tuple(process_stacks(s.pid, m.name_of(s.pid, s.name), s.state,
+                                                 s.text, s.error) for s in got),
+                            done.path, why, self.clock())
+        self._emit([taken])
+        return taken
+
+    async def _stacks_on_stall(self) -> None:
+        try:
+            await self.stacks(why="on stall")
+        except (SpecconsoleError, OSError) as exc:
+            self._emit([Notice(f"no stacks on the stall: {exc}", "warning")])
 
     async def _smoke(self) -> None:
         """One request after READY, from the GPU host: latency, tokens, the reply's first line;
@@ -593,7 +631,7 @@ class Supervisor:
             self._emit([ProcEnded(event.pid, m.log_names.get(event.pid, event.name), code,
                                   event.signal)])
         elif isinstance(event, Procs):
-            m.feed_procs(event)
+            m.feed_procs(event, now)
             self._emit([ProcsSeen(event)])
         elif isinstance(event, Gpus):
             m.feed_gpus(event, now)

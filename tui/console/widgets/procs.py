@@ -1,5 +1,6 @@
 """Processes pane: the run's tree (API server → engine core → workers) with pid, vLLM name,
-state, CPU, RSS, GPU memory and age; the dead stay, marked with their exit code."""
+state, CPU, RSS, GPU memory and age; the dead stay, marked with their exit code; a process
+stopped, or in uninterruptible sleep for a few seconds, is amber with how long."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from textual.widgets import DataTable
 from tui.console.messages import ProcsChanged
 from tui.console.widgets.format import age, size
 from tui.core.proctree import ProcRow
+from tui.core.stall import HELD_AFTER_S
 
 COLUMNS = (("pid", 7), ("process", 19), ("state", 14), ("CPU %", 5), ("RSS", 6),
            ("GPU", 6), ("age", 6))
@@ -32,8 +34,12 @@ class ProcPane(DataTable[Text | str]):
         for row in rows:
             name = "  " * row.depth + ("└ " if row.depth else "") + row.name
             if row.alive:
+                state: Text | str = row.state
+                if row.held_s is not None and (row.state != "disk-sleep"
+                                               or row.held_s >= HELD_AFTER_S):
+                    state = Text(f"{row.state} {row.held_s:.0f}s", style="bold yellow")
                 cells: list[Text | str] = [
-                    str(row.pid), name, row.state,
+                    str(row.pid), name, state,
                     "—" if row.cpu is None else f"{row.cpu:.0f}", size(row.rss),
                     size(row.gpu_mem) if row.gpu_mem else "—", age(row.started, now)]
             else:
