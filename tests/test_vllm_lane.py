@@ -15,7 +15,10 @@ import asyncio
 import contextlib
 import json
 import os
+import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,8 +42,16 @@ from vllm_lane.setup_env import env_dir
 from tui.core.phases import Phase, detect_phase
 from tui.core.profile import Profile
 from tui.core.specdecode import parse_interval, parse_totals
-from tui.core.state import CauseUpdated, Died, LineAdded, PhaseChanged, ProgressChanged, Ready
-from tui.supervise.supervisor import ProcsSeen, Supervisor
+from tui.core.state import (
+    CauseUpdated,
+    Died,
+    LineAdded,
+    PhaseChanged,
+    ProgressChanged,
+    Ready,
+    Stalled,
+)
+from tui.supervise.supervisor import ProcsSeen, StacksTaken, Supervisor
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(400)]
 
@@ -417,3 +428,151 @@ async def test_api_server_killed_leaves_orphans_that_kill_ends_over_ssh(
                    and psutil.Process(p.pid).status() != psutil.STATUS_ZOMBIE]
         assert orphans == [core.pid, worker.pid], "vLLM no longer leaves orphans?"
         await kill_and_verify(w, [api.pid, core.pid, worker.pid])
+
+
+# -- e. more real failures (issue 17): each named by what real vLLM printed ---------------------
+
+def _args(old: str, new: str) -> Callable[[str], str]:
+    """A profile edit: one of the server's arguments changed."""
+    def edit(text: str) -> str:
+        assert old in text, old
+        return text.replace(old, new, 1)
+    return edit
+
+
+async def _dies(w: Watched, figures: dict[str, Any], key: str) -> Died:
+    """The launch's DEAD (within the lane's patience), recorded; the run ends by itself."""
+    run_id = await w.launch()
+    _, died = await w.first(lambda e: isinstance(e, Died), READY_TIMEOUT)
+    await _settle(w)
+    figures[f"{key}: launch to DEAD (s)"] = round(died.death.since_launch, 1)
+    deadline = time.monotonic() + 60
+    while carriers(run_id) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    return died
+
+
+async def _settle(w: Watched, seconds: float = 2.0) -> None:
+    """Lines in flight when the process died sharpen the cause (CauseUpdated)."""
+    await asyncio.sleep(seconds)
+
+
+async def test_a_max_model_len_the_engine_rejects_is_dead_with_its_whole_reason(
+        tmp_path: Path, scratch: Path, lane_dir: Path, figures: dict[str, Any],
+        sweep: list[str]) -> None:
+    profile = lane_profile(tmp_path, "vllm-max-model-len", scratch,
+                           edit=_args('"--max-model-len", "256"', '"--max-model-len", "100000"'))
+    async with watched(profile, sweep) as w:
+        died = await _dies(w, figures, "config refused (max_model_len)")
+        death = w.sup.machine.death
+        assert death is not None and death.cause is not None
+        assert (died.death.process, died.death.code) == ("APIServer", 1)
+        assert death.cause.line.startswith(
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig "
+            "— Value error, User-specified max_model_len (100000) is greater than the derived "
+            "max_model_len"), death.cause.line  # the header and its reason
+        assert death.cause.kind is not None and death.cause.kind.id == "config"
+        keep_log(w, lane_dir, "vllm-real-config-refused.log")
+        await kill_and_verify(w, [])
+
+
+async def test_a_kv_cache_too_small_for_one_request_is_dead_naming_it(
+        tmp_path: Path, scratch: Path, lane_dir: Path, figures: dict[str, Any],
+        sweep: list[str]) -> None:
+    def edit(text: str) -> str:
+        text = _args('"--max-model-len", "256"', '"--max-model-len", "10000000"')(text)
+        return text.replace("[server.env]\n", '[server.env]\nVLLM_ALLOW_LONG_MAX_MODEL_LEN = "1"\n',
+                            1)
+    profile = lane_profile(tmp_path, "vllm-kv-cache", scratch, edit=edit)
+    async with watched(profile, sweep) as w:
+        died = await _dies(w, figures, "KV cache too small")
+        cause = w.sup.machine.death.cause if w.sup.machine.death else None
+        assert cause is not None and cause.process == "EngineCore"
+        assert cause.line.startswith("ValueError: To serve at least one request with the "
+                                     "model's max seq len (10000000)"), cause.line
+        assert cause.kind is not None and cause.kind.id == "kv_cache"
+        assert died.death.phase is Phase.KV_CACHE
+        keep_log(w, lane_dir, "vllm-real-kv-cache.log")
+        await kill_and_verify(w, [])
+
+
+async def test_a_drafter_that_does_not_fit_the_target_dies_loading_it(
+        tmp_path: Path, scratch: Path, lane_dir: Path, figures: dict[str, Any],
+        sweep: list[str]) -> None:
+    drafter = tmp_path / "eagle3-for-another-target"
+    shutil.copytree(lane_dir / "models" / "tiny-eagle3", drafter)
+    config = json.loads((drafter / "config.json").read_text())
+    config["target_hidden_size"] = 2 * config["hidden_size"]  # built for a wider target
+    (drafter / "config.json").write_text(json.dumps(config))
+    profile = lane_profile(tmp_path, "vllm-bad-drafter", scratch,
+                           edit=lambda t: re.sub(r'(?m)^model = ".*tiny-eagle3"$',
+                                                 f'model = "{drafter}"', t))
+    async with watched(profile, sweep) as w:
+        died = await _dies(w, figures, "drafter misfit")
+        cause = w.sup.machine.death.cause if w.sup.machine.death else None
+        assert cause is not None and cause.line.startswith(
+            "AssertionError: Tried to load weights of size"), cause.line
+        assert died.death.phase is Phase.DRAFTER
+        keep_log(w, lane_dir, "vllm-real-drafter-misfit.log")
+        await kill_and_verify(w, [])
+
+
+async def test_the_port_taken_by_another_program_preflight_names_it_else_the_bind_error(
+        tmp_path: Path, scratch: Path, lane_dir: Path, figures: dict[str, Any],
+        sweep: list[str]) -> None:
+    holder = socket.socket()  # another program, listening on the server's port
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    refused = lane_profile(tmp_path, "vllm-port-refused", scratch, port=port)
+    checked = await specconsole("launch", refused.path)
+    assert checked.returncode == 6, checked.stdout + checked.stderr  # preflight refused
+    said = checked.stdout + checked.stderr
+    assert f"port {port} is not free" in said and f"pid {os.getpid()}" in said, said
+    unchecked = lane_profile(tmp_path, "vllm-port-taken", scratch, port=port,
+                             edit=lambda t: t.replace("[preflight]\n",
+                                                      "[preflight]\nport_free = false\n", 1))
+    try:
+        async with watched(unchecked, sweep) as w:
+            died = await _dies(w, figures, "port taken, preflight off")
+            cause = w.sup.machine.death.cause if w.sup.machine.death else None
+            assert died.death.process == "APIServer"
+            assert cause is not None and "Address already in use" in cause.line, cause
+            assert cause.kind is not None and cause.kind.id == "port"
+            keep_log(w, lane_dir, "vllm-real-port-taken.log")
+            holder.close()  # the port is the server's again: the kill must leave it free
+            await kill_and_verify(w, [])
+    finally:
+        holder.close()
+
+
+# -- f. a hang (issue 16): the engine core frozen while it loads --------------------------------
+
+async def test_engine_core_frozen_mid_load_is_stalled_naming_it_with_vllms_stacks(
+        tmp_path: Path, scratch: Path, figures: dict[str, Any], sweep: list[str]) -> None:
+    profile = lane_profile(tmp_path, "vllm-frozen", scratch,
+                           edit=lambda t: t.replace('stall_timeout = "2m"',
+                                                    'stall_timeout = "30s"', 1))
+    async with watched(profile, sweep) as w:
+        await w.launch()
+        await w.first(lambda e: isinstance(e, PhaseChanged) and e.phase is Phase.WEIGHTS,
+                      READY_TIMEOUT)
+        procs = await until_tree(w, ("EngineCore", "Worker"))
+        core = procs["EngineCore"]
+        frozen_at = time.time()
+        os.kill(core.pid, signal.SIGSTOP)
+        stalled_at, stalled = await w.first(lambda e: isinstance(e, Stalled), 120)
+        figures["engine core frozen: SIGSTOP to STALLED (s)"] = round(stalled_at - frozen_at, 1)
+        first = stalled.suspects[0]
+        assert (first.name, first.pid) == ("EngineCore", core.pid), stalled.suspects
+        assert "is stopped" in first.words()
+        _, taken = await w.first(lambda e: isinstance(e, StacksTaken), 120)
+        stacks = {s.name: s for s in taken.stacks}
+        frozen = stacks["EngineCore"]
+        assert frozen.error is None and frozen.state == "stopped"
+        where = frozen.stuck_in()
+        assert where is not None and where.engine and "vllm/" in where.path, frozen
+        worker = stacks["Worker"]
+        assert worker.error is None and any(f.engine for t in worker.threads for f in t.frames)
+        figures["engine core frozen: stacks"] = [s.summary() for s in taken.stacks]
+        await kill_and_verify(w, [core.pid, procs["Worker"].pid])  # k cleans a stopped run

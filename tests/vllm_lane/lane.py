@@ -13,6 +13,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,16 +29,20 @@ _ONE_LINE_IMPORT = re.compile(r"from [\w.]+ import [\w, ]+\n")
 
 
 def lane_profile(tmp: Path, name: str, scratch: Path, *, target: str = "local",
-                 env: dict[str, str] | None = None) -> Profile:
-    """The shipped profile, unchanged but for a free port, a private runs dir, the target host,
-    and extra server environment; paths expand from this environment plus `scratch`."""
+                 env: dict[str, str] | None = None, port: int | None = None,
+                 edit: Callable[[str], str] | None = None) -> Profile:
+    """The shipped profile, unchanged but for a free port (or `port`), a private runs dir, the
+    target host, and extra server environment; `edit` changes its text further (one failure's
+    argument); paths expand from this environment plus `scratch`."""
     text = PROFILE.read_text()
-    text = re.sub(r"(?m)^port = \d+$", f"port = {free_port()}", text, count=1)
+    text = re.sub(r"(?m)^port = \d+$", f"port = {port or free_port()}", text, count=1)
     text = text.replace('[host]\ntarget = "local"\n',
                         f'[host]\ntarget = "{target}"\nruns_dir = "{tmp / "runs"}"\n', 1)
     if env:
         extra = "".join(f'{k} = {json.dumps(v)}\n' for k, v in env.items())
         text = text.replace("[server.env]\n", "[server.env]\n" + extra, 1)
+    if edit is not None:
+        text = edit(text)
     path = tmp / f"{name}.toml"
     path.write_text(text)
     for sub in ("tmp", "cache", "inductor"):
