@@ -28,7 +28,9 @@ def problems(sidecar: Path) -> list[str]:
     log = sidecar.with_suffix(".log")
     if not log.exists():
         return ["no .log beside it"]
-    lines = log.read_bytes().decode("utf-8", "replace").splitlines()
+    # lines as the agent reads them (split on newlines); a CR before the newline is no part
+    lines = [ln.removesuffix("\r") for ln in log.read_bytes().decode("utf-8", "replace")
+             .split("\n")]
     if set(meta) != KEYS:
         out.append(f"keys: missing {sorted(KEYS - set(meta))}, extra {sorted(set(meta) - KEYS)}")
     if meta.get("id") != sidecar.stem:

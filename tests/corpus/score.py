@@ -56,7 +56,7 @@ def _norm(text: str) -> str:
 def _line_offsets(data: bytes, wanted: str) -> set[int]:
     """Byte offsets of the lines of `data` equal to `wanted` (as explain counts offsets)."""
     out, offset = set(), 0
-    for raw in data.decode("utf-8", "replace").splitlines(keepends=True):
+    for raw in data.decode("utf-8", "replace").split("\n"):
         if raw.rstrip("\r\n") == wanted:
             out.add(offset)
         offset += len(raw.encode("utf-8", "replace"))
@@ -82,7 +82,7 @@ def judge(log: Path, part: str) -> Verdict:
     data = log.read_bytes()
     expected = {k: meta[k] for k in ("outcome", "last_phase", "root_cause")}
     try:
-        ex = explain(data.decode("utf-8", "replace").splitlines(keepends=True), meta["engine"])
+        ex = explain(data.decode("utf-8", "replace").split("\n"), meta["engine"])
     except Exception:
         return Verdict(meta["id"], part, meta["class"], False, False, False,
                        raised=traceback.format_exc(), expected=expected)
