@@ -116,7 +116,7 @@ def test_log_lines_keep_vllm_colours_and_nothing_else() -> None:
     raw = ("\x1b[1;36m(Worker_TP0 pid=3011)\x1b[0;0m INFO 09-30 14:02:41 [x.py:1] hello"
            "\x1b]0;pwned\x07\x1b]52;c;ZXZpbA==\x07\x1b[2J\x1b[H")
     view = LogView(LogWindow())
-    text = view.line_text(Entry(parse_line(raw, 0), None), current=False)
+    text = view.line_text(Entry.of(parse_line(raw, 0), None), current=False)
     assert text.plain == parse_line(raw, 0).plain
     assert "\x1b" not in text.plain and "pwned" not in text.plain
     prefix = next(span for span in text.spans if span.start == 0)
@@ -157,7 +157,7 @@ async def test_banner_and_log_lines_draw_no_escape_or_tab() -> None:
         banner.show("error", "agent: \x1b]52;c;ZXZpbA==\x07boom\x1b[2J", "why\x1b]0;t\x07 here")
         assert str(banner.render()) == "agent: boom\nwhy here"
     line = parse_line("\x1b[1;36m(Worker_TP0 pid=1)\x1b[0;0m a\tb", 0)
-    text = LogView(LogWindow()).line_text(Entry(line, None), current=False)
+    text = LogView(LogWindow()).line_text(Entry.of(line, None), current=False)
     assert text.plain == "(Worker_TP0 pid=1) a    b"  # to the next tab stop, as a terminal
 
 

@@ -29,7 +29,7 @@ def entries(texts: list[str], start: int = 0) -> list[Entry]:
     out, offset = [], start
     for text in texts:
         rule = HIDE if "FutureWarning" in text else HARMLESS if "Triton" in text else None
-        out.append(Entry(parse_line(text, offset), rule))
+        out.append(Entry.of(parse_line(text, offset), rule))
         offset += len(text.encode()) + 1
     return out
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from helpers import carriers, count_lines, next_event, sim_profile
 
+from tui.core.logline import LogLine
 from tui.core.profile import load_profile
-from tui.core.state import Died, LineAdded, Ready, State
+from tui.core.state import Died, LinesAdded, Ready, State
 from tui.remote import launcher
 from tui.remote.session import LocalSession
 from tui.supervise.supervisor import KillDone, LinkLost, LinkRestored, Supervisor
@@ -22,9 +23,9 @@ async def _offsets(events: asyncio.Queue, count: int, timeout: float = 30) -> li
         out: list[int] = []
         while len(out) < count:
             event = await events.get()
-            if isinstance(event, LineAdded):
-                out.append(event.line.offset)
-        return out
+            if isinstance(event, LinesAdded):
+                out.extend(event.chunk.offsets)
+        return out[:count]  # a chunk may carry more: the first `count`, as asked
     return await asyncio.wait_for(collect(), timeout)
 
 
@@ -87,15 +88,16 @@ async def test_link_lost_mid_load_resumes_with_every_line_exactly_once(
                                        time_scale=150))
     sup = Supervisor(profile)
     events = sup.subscribe()
-    lines: list[LineAdded] = []
+    lines: list[LogLine] = []
     try:
         await sup.launch(skip_preflight=True)
 
         async def collect(until: type | None, count: int = 0) -> object:
             while True:
                 event = await events.get()
-                if isinstance(event, LineAdded):
-                    lines.append(event)
+                if isinstance(event, LinesAdded):
+                    chunk = event.chunk
+                    lines.extend(chunk.line(i) for i in range(len(chunk)))
                     if until is None and len(lines) >= count:
                         return event
                 elif until is not None and isinstance(event, until):
@@ -112,7 +114,7 @@ async def test_link_lost_mid_load_resumes_with_every_line_exactly_once(
     finally:
         await sup.kill(1.0)
         await sup.close()
-    count = count_lines([e.line for e in lines], Path(sup.run.run_dir) / "server.log")
+    count = count_lines(lines, Path(sup.run.run_dir) / "server.log")
     assert not count.out_of_order and count.duplicated == 0, "a line was shown twice"
     assert count.lost == 0 and count.stray == 0, "a line was lost"
     assert count.processes >= 8 and count.seq_faults == []

@@ -22,7 +22,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
 
-from tui.core.explain import Explanation, explain  # noqa: E402
+from tui.core.explain import Explanation, explain_file  # noqa: E402
 
 # Lines that only report a failure elsewhere (vllm-reference.md section 2, SGLang's launcher):
 # the score's own list, kept apart from the rules it judges.
@@ -82,7 +82,7 @@ def judge(log: Path, part: str) -> Verdict:
     data = log.read_bytes()
     expected = {k: meta[k] for k in ("outcome", "last_phase", "root_cause")}
     try:
-        ex = explain(data.decode("utf-8", "replace").split("\n"), meta["engine"])
+        ex = explain_file(log, meta["engine"])
     except Exception:
         return Verdict(meta["id"], part, meta["class"], False, False, False,
                        raised=traceback.format_exc(), expected=expected)

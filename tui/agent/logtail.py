@@ -1,4 +1,10 @@
-"""Tailing server.log by byte offset: complete lines only, resumable where the console left off."""
+"""Tailing server.log by byte offset: complete lines only, resumable where the console left off.
+
+A console attaching to a long log asks for a skim: the first `head` and the last `tail` bytes
+of what it has not read, and one `log_skipped` message for the middle (its byte range, at line
+boundaries), which it reads back a page at a time only if the user scrolls there. The start
+holds the launch's phases, the end the current state and any death's traceback; a week of
+request lines between them would only delay the first screen."""
 
 from __future__ import annotations
 
@@ -8,6 +14,8 @@ from .redaction import SecretFinder
 from .wire import emit
 
 CHUNK = 1 << 20  # the most log bytes in one message; a longer line is split here
+SKIM_MIN_GAP = 8 << 20  # a middle shorter than this is read: skipping it gains nothing
+LINE_PROBE = 64 << 10  # how far to look for the end of the line a skim boundary falls in
 
 
 def utf8_cut(data: bytes) -> int:
@@ -27,7 +35,8 @@ def utf8_cut(data: bytes) -> int:
 class LogTail:
     """Complete lines from a byte offset; a partial last line waits for its newline."""
 
-    def __init__(self, path: str, offset: int, finder: SecretFinder | None = None) -> None:
+    def __init__(self, path: str, offset: int, finder: SecretFinder | None = None,
+                 skim: tuple[int, int] | None = None) -> None:
         self.path = path
         self.offset = max(0, offset)
         self.finder = finder
@@ -35,6 +44,8 @@ class LogTail:
         self.fd: int | None = None
         self.size = -1
         self.failed: str | None = None  # the last read error reported
+        self.skim = skim  # (head, tail) bytes, decided on the first look at the file
+        self.gap: tuple[int, int] | None = None  # [start, end) to skip, at line starts
 
     def pump(self, final: bool = False) -> bool:
         """Send what is new (with `final`, a last line without its newline too); True when
@@ -59,10 +70,17 @@ class LogTail:
         if size < self.offset + len(self.partial):
             emit("error", kind="log_truncated",
                  message=f"{self.path} shrank to {size} bytes; reading from 0")
-            self.offset, self.partial = 0, b""
+            self.offset, self.partial, self.gap = 0, b"", None
+        if self.skim is not None:
+            self.gap, self.skim = self._plan_gap(self.fd, size, *self.skim), None
         for _ in range(16):  # at most ~16 MB per tick keeps deaths and stdin prompt
             pos = self.offset + len(self.partial)
-            want = min(size - pos, CHUNK - len(self.partial))
+            if self.gap is not None and not self.partial and pos >= self.gap[0]:
+                emit("log_skipped", off=self.gap[0], end=self.gap[1])
+                self.offset, self.gap = self.gap[1], None
+                pos = self.offset
+            stop = self.gap[0] if self.gap is not None else size
+            want = min(stop - pos, CHUNK - len(self.partial))
             if want > 0:
                 self.partial += os.pread(self.fd, want, pos)
             data = self.partial
@@ -80,6 +98,23 @@ class LogTail:
             self.offset += cut
             self.partial = data[cut:]
         return True  # more may be waiting: come back soon
+
+    def _plan_gap(self, fd: int, size: int, head: int, tail: int) -> tuple[int, int] | None:
+        """The middle to skip, from the end of the line `head` bytes in to the start of the
+        line `tail` bytes before the end; None when it would be short (or a line is huge)."""
+        if size - self.offset - head - tail < SKIM_MIN_GAP:
+            return None
+        start = self._line_start(fd, self.offset + head)
+        end = self._line_start(fd, size - tail)
+        if start is None or end is None or end - start < SKIM_MIN_GAP:
+            return None
+        return start, end
+
+    @staticmethod
+    def _line_start(fd: int, at: int) -> int | None:
+        """The first line start at or after `at` (None past LINE_PROBE bytes of one line)."""
+        newline = os.pread(fd, LINE_PROBE, at - 1).find(b"\n")
+        return None if newline < 0 else at + newline
 
     def _send(self, data: bytes) -> None:
         lines = data.split(b"\n")

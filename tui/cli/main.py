@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sqlite3
 import sys
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from rich.console import Console
 
 from tui.cli.cluster import check_cluster, kill_cluster, launch_cluster, wait_cluster
 from tui.cli.exit_codes import (
@@ -31,12 +34,12 @@ from tui.core.cluster import is_cluster, member_profile
 from tui.core.command import redact
 from tui.core.describe import death_lines, describe, duration, gpu_verdict
 from tui.core.errors import PreflightFailed, RunNotFound, SpecconsoleError
-from tui.core.explain import explain, explanation_lines
+from tui.core.explain import explain_file, explanation_lines
 from tui.core.logline import strip_escapes
 from tui.core.phases import Phase
 from tui.core.profile import ENGINES, Profile, load_profile, parse_duration
 from tui.core.stacks import stack_lines
-from tui.core.state import Died, LineAdded, ProgressChanged, Ready, Stalled, State
+from tui.core.state import Died, LinesAdded, ProgressChanged, Ready, Stalled, State
 from tui.supervise.group import ClusterRun, run_of
 from tui.supervise.history import History, diff
 from tui.supervise.runs import Run
@@ -323,7 +326,7 @@ async def cmd_logs(args: argparse.Namespace) -> int:
     profile = _profile(args.profile)
     if is_cluster(profile):
         profile = member_profile(profile, args.member)
-    sup = Supervisor(profile)
+    sup = Supervisor(profile, whole_log=True)
     events = sup.subscribe()
     try:
         record = await sup.select()
@@ -337,8 +340,10 @@ async def cmd_logs(args: argparse.Namespace) -> int:
         await sup.attach(record)
         while True:
             event = await events.get()
-            if isinstance(event, LineAdded):
-                _print_line(event.line.plain, event.rule, args.raw, sup.secrets)
+            if isinstance(event, LinesAdded):
+                chunk = event.chunk
+                for i in range(len(chunk)):
+                    _print_line(chunk.line(i).plain, chunk.rule(i), args.raw, sup.secrets)
                 # log_end moves a whole chunk at a time, before its lines are queued: the
                 # end is reached once they are all printed
                 if size is not None and sup.log_end >= size and events.empty():
@@ -433,8 +438,8 @@ def _history(history: History, args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     path = Path(args.logfile)
     try:
-        with path.open(encoding="utf-8", errors="replace", newline="\n") as fh:
-            result = explain((line.rstrip("\r\n") for line in fh), engine=args.engine)
+        with _progress(path) as advance:
+            result = explain_file(path, engine=args.engine, on_progress=advance)
     except OSError as exc:
         _err(f"{path}: {exc.strerror}")
         return EXIT_USAGE
@@ -446,6 +451,24 @@ def cmd_explain(args: argparse.Namespace) -> int:
     for rule, count in sorted(result.hidden.items()):
         print(f"hidden:        {count:6d}  {rule}")
     return 0
+
+
+@contextlib.contextmanager
+def _progress(path: Path) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar (rich's) on stderr while a big file is read, only on a terminal."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+    with Progress("explain", BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                  transient=True, console=Console(stderr=True)) as bar:
+        task = bar.add_task(path.name, total=None)
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield advance
 
 
 async def cmd_demo_headless(args: argparse.Namespace) -> int:

@@ -49,7 +49,7 @@ from tui.console.widgets.timeline import TimelinePane
 from tui.core.errors import PreflightFailed, SpecconsoleError
 from tui.core.fleetview import alert_words, gpu_words, phase_words, worst
 from tui.core.logline import strip_escapes
-from tui.core.logwindow import DEFAULT_CAP, Entry, LogWindow
+from tui.core.logwindow import DEFAULT_CAP, LogWindow
 from tui.core.protocol import GpuHolder
 from tui.core.state import State
 from tui.core.status import status_line
@@ -103,6 +103,9 @@ class ConsoleApp(App[str]):
         """`runs`: one Supervisor (a run on one host) or the runs of a fleet; `profile_arg`:
         how the user named each run's profile (one per run), for the words on quitting."""
         super().__init__()
+        # no scroll animations: over SSH in tmux each frame of one is sent, and a key (home,
+        # page up) must land at once, the older page it asks for read while the user waits
+        self.animation_level = "none"
         self.heap = heap  # full garbage collections at quiet moments (specconsole's own run)
         self.runs: list[Run] = [SingleRun(runs)] if isinstance(runs, Supervisor) else list(runs)
         self.watches: list[Watch] = []
@@ -416,7 +419,7 @@ class ConsoleApp(App[str]):
             view.forget_request()  # scrolling up again asks again
             self.notify(f"older lines could not be read: {exc}", severity="warning")
             return
-        view.prepend([Entry(e.line, e.rule) for e in lines])
+        view.prepend(lines)
         w.panes.query_one(LogPane).update_header()
 
     # -- actions ---------------------------------------------------------------------------

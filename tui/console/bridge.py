@@ -18,6 +18,7 @@ from tui.console.messages import (
     GpusChanged,
     HistoryShown,
     LogLines,
+    LogSkipped,
     PreflightShown,
     ProcsChanged,
     RootCauseFound,
@@ -25,16 +26,17 @@ from tui.console.messages import (
     RunReset,
     SpecDecodeChanged,
 )
-from tui.core.describe import death_lines, duration, gpu_verdict
+from tui.core.describe import death_lines, duration, gpu_verdict, skipped_words
 from tui.core.gpuview import GpuHistory
-from tui.core.logwindow import Entry
+from tui.core.logwindow import Entry, entries
 from tui.core.proctree import ProcTree
+from tui.core.protocol import LogSkipped as Skipped
 from tui.core.specdecode import SpecDecodeInterval, SpecDecodeTotals
 from tui.core.state import (
     CauseUpdated,
     Died,
     HelperExited,
-    LineAdded,
+    LinesAdded,
     Ready,
     Stalled,
     State,
@@ -107,8 +109,8 @@ class Bridge:
                 lines.clear()
 
         for event in events:
-            if isinstance(event, LineAdded):
-                lines.append(Entry(event.line, event.rule))
+            if isinstance(event, LinesAdded):
+                lines.extend(entries(event.chunk))
                 continue
             flush_lines()
             if isinstance(event, RunStarted):
@@ -187,6 +189,9 @@ class Bridge:
                 self.link = "NOT WATCHING (restart the console or press r)"
                 out.append(AlertRaised("error", "ERROR — " + event.text))
                 run_changed = True
+            elif isinstance(event, Skipped):
+                out.append(LogSkipped(event.start, event.end))
+                out.append(AlertRaised("info", skipped_words(event.start, event.end)))
             elif isinstance(event, Notice):
                 out.append(AlertRaised("warning" if event.level == "warning" else "info",
                                        event.text))

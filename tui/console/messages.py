@@ -26,6 +26,14 @@ class LogLines(Message):
 
 
 @dataclass
+class LogSkipped(Message):
+    """Attached to a long log: bytes [start, end) were not sent; the lines after follow."""
+
+    start: int
+    end: int
+
+
+@dataclass
 class RootCauseFound(Message):
     """The root cause's line, by byte offset: mark it and jump to it."""
 

@@ -104,12 +104,22 @@ def gpu_verdict(killed: Killed) -> tuple[bool, str]:
     return True, "GPU memory released"
 
 
+def size_words(n: int) -> str:
+    """Bytes as a person reads them: 512 KiB, 3.2 MiB, 1.0 GiB."""
+    return (f"{n >> 10} KiB" if n < 2**20 else f"{n / 2**20:.1f} MiB" if n < 2**30
+            else f"{n / 2**30:.1f} GiB")
+
+
+def skipped_words(start: int, end: int) -> str:
+    """What attaching to a long log left unread, and how to read it."""
+    return (f"long log: read its first {size_words(start)} and its end; the "
+            f"{size_words(end - start)} between are read back as you scroll up to them")
+
+
 def disk_words(host: str, disk: DiskSpace) -> tuple[str, str]:
     """(the sentence, its notice level) for a change of the run's log disk: the server appends
     its output there, so a full disk loses lines while the run goes on."""
-    free = ("?" if disk.free is None else f"{disk.free >> 10} KiB" if disk.free < 2**20
-            else f"{disk.free / 2**20:.1f} MiB" if disk.free < 2**30
-            else f"{disk.free / 2**30:.1f} GiB")
+    free = "?" if disk.free is None else size_words(disk.free)
     if disk.level == "full":
         return (f"{host}: disk full where the run's log is written ({free} free in {disk.path}):"
                 " the server's output is being lost; free space there", "warning")

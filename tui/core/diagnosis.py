@@ -101,15 +101,19 @@ class Diagnosis:
              ) -> list[PhaseHit | None]:
         """Classify a chunk; the phase hit of each line (None for nearly all), for the
         caller's timeline."""
-        self.tracker.feed_all(lines)
+        hidden = [rule is not None and rule.kind == "hide" for rule in rules]
+        self.tracker.feed_all(lines, hidden)
         hits: list[PhaseHit | None] = [None] * len(lines)
         initials = self._initials
         for i, line in enumerate(lines):
+            if rules[i] is not None:
+                continue  # noise: neither a phase nor a marker
             msg = line.message
-            if rules[i] is None and msg[:1] in initials:
+            if msg[:1] in initials:
                 hit = hits[i] = detect_phase(line, self.engine)
                 if hit is not None:
                     self._on_phase(hit, line.offset)
+                    continue
             head = msg[:400]  # a marker says so at once; a long line is not read further
             for needle in _HANG_NEEDLES:
                 if needle in head:

@@ -7,17 +7,21 @@ markers) without processes: no death is reported, so the cause is the first real
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from itertools import islice
+from collections.abc import Callable, Iterable, Iterator
+from itertools import accumulate, islice, repeat
+from operator import add
+from pathlib import Path
+from typing import BinaryIO
 
 from tui.core.diagnosis import Diagnosis, Explanation, Outcome
 from tui.core.failures import hint_for
-from tui.core.logline import parse_lines
+from tui.core.logchunk import ChunkReader, LineChunk
 from tui.core.noise import NoiseFilter, NoiseRule, builtin_rules
 
-__all__ = ["Explanation", "Outcome", "explain", "explanation_lines"]
+__all__ = ["Explanation", "Outcome", "explain", "explain_file", "explanation_lines"]
 
 _CHUNK_LINES = 4096
+_BLOCK = 4 << 20  # bytes of a file read at a time: memory stays bounded whatever its size
 
 
 def explain(lines: Iterable[str], engine: str = "vllm",
@@ -25,6 +29,7 @@ def explain(lines: Iterable[str], engine: str = "vllm",
     """Read a whole log. Offsets are byte offsets, as in the run's server.log."""
     noise = NoiseFilter([*extra_rules, *builtin_rules(engine)])
     diagnosis = Diagnosis(engine, noise)
+    reader = ChunkReader(engine, noise)
     offset = 0
     it = iter(lines)
     while chunk := list(islice(it, _CHUNK_LINES)):
@@ -33,9 +38,55 @@ def explain(lines: Iterable[str], engine: str = "vllm",
             text = raw.rstrip("\r\n") if raw[-1:] in ("\n", "\r") else raw
             pairs.append((offset, text))
             offset += len(raw.encode("utf-8", "replace")) + (0 if raw.endswith("\n") else 1)
-        parsed = parse_lines(pairs)
-        diagnosis.feed(parsed, noise.classify_all(parsed))
+        read = reader.read(pairs, diagnosis.tracker.in_traceback())
+        diagnosis.feed(read.lines, read.rules)
     return diagnosis.verdict()
+
+
+def explain_file(path: str | Path, engine: str = "vllm", extra_rules: Iterable[NoiseRule] = (),
+                 on_progress: Callable[[int, int], None] | None = None) -> Explanation:
+    """`explain` for a file of any size, read a block at a time (memory stays bounded: lines
+    stay text in their block, addressed by byte offset); `on_progress(done, total)` after each
+    block. OSError as opening the file raises it."""
+    noise = NoiseFilter([*extra_rules, *builtin_rules(engine)])
+    diagnosis = Diagnosis(engine, noise)
+    reader = ChunkReader(engine, noise)
+    with open(path, "rb") as f:
+        total = f.seek(0, 2)
+        f.seek(0)
+        for offsets, raws, done in _blocks(f):
+            for at in range(0, len(raws), _CHUNK_LINES):
+                chunk = LineChunk(offsets[at:at + _CHUNK_LINES], raws[at:at + _CHUNK_LINES])
+                read = reader.read_chunk(chunk, diagnosis.tracker.in_traceback())
+                diagnosis.feed(read.lines, read.rules)
+            if on_progress is not None:
+                on_progress(done, total)
+    return diagnosis.verdict()
+
+
+def _blocks(f: BinaryIO) -> Iterator[tuple[list[int], list[str], int]]:
+    """(byte offsets, lines, bytes read so far) a block at a time, each block cut after its
+    last newline (a last line without one ends the file). Decoding never adds or removes a
+    newline, so bytes and text split alike; an ASCII block's offsets come from the text."""
+    start, carry = 0, b""
+    while True:
+        data = f.read(_BLOCK)
+        block = carry + data
+        if not block:
+            return
+        cut = block.rfind(b"\n") + 1 if data else len(block)
+        if cut == 0:  # one line longer than a block: read on
+            carry = block
+            continue
+        block, carry = block[:cut], block[cut:]
+        texts = block.decode("utf-8", "replace").split("\n")
+        if block.endswith(b"\n"):
+            texts.pop()
+        lengths = map(len, texts if block.isascii() else block.split(b"\n"))
+        offsets = list(accumulate(map(add, lengths, repeat(1)), initial=start))
+        offsets.pop()  # the end of the last line
+        yield offsets, texts, start + cut
+        start += cut
 
 
 def explanation_lines(ex: Explanation, indent: str = "") -> list[str]:

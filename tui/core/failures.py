@@ -56,7 +56,7 @@ CLASSES: tuple[FailureClass, ...] = (
        r"No available memory for the cache blocks|KV cache is needed|max seq len"
        r"|Free memory on device .* less than desired GPU memory utilization"
        r"|Not enough memory\. Please try to increase --mem-fraction-static"
-       r"|max_total_num_tokens=-?\d|insufficient .*KV cache",
+       r"|max_total_num_tokens=-\d|insufficient .*KV cache",
        "vLLM v1/core/kv_cache_utils.py check_enough_kv_cache_memory (raise ValueError 'To "
        "serve at least one request with the models's max seq len', 'No available memory for "
        "the cache blocks'); v1/worker/gpu_worker.py Worker.init_device (newer: "

@@ -11,27 +11,58 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+from tui.core.logchunk import LineChunk
 from tui.core.logline import LogLine
 from tui.core.noise import NoiseRule
 
 DEFAULT_CAP = 20_000
 
 
-@dataclass(frozen=True, slots=True)
 class Entry:
-    line: LogLine
-    rule: NoiseRule | None
+    """One line of the window: a place in the chunk it arrived in (decoded when drawn)."""
+
+    __slots__ = ("chunk", "index")
+
+    def __init__(self, chunk: LineChunk, index: int) -> None:
+        self.chunk, self.index = chunk, index
+
+    @classmethod
+    def of(cls, line: LogLine, rule: NoiseRule | None) -> Entry:
+        """An entry for a line decoded elsewhere (a page read back from the host)."""
+        chunk = LineChunk([line.offset], [line.raw])
+        chunk.classified((0,), (line,), (rule,))
+        return cls(chunk, 0)
+
+    @property
+    def line(self) -> LogLine:
+        return self.chunk.line(self.index)
+
+    @property
+    def rule(self) -> NoiseRule | None:
+        return self.chunk.rule(self.index)
+
+    @property
+    def offset(self) -> int:
+        return self.chunk.offsets[self.index]
+
+    @property
+    def raw(self) -> str:
+        return self.chunk.raws[self.index]
 
     @property
     def shown(self) -> bool:
         """Shown in the filtered view: not hidden by a rule (harmless lines show, dimmed)."""
-        return self.rule is None or self.rule.kind != "hide"
+        rule = self.chunk.rule(self.index)
+        return rule is None or rule.kind != "hide"
 
     @property
     def end(self) -> int:
-        return self.line.offset + len(self.line.raw.encode("utf-8", "replace")) + 1
+        return self.chunk.end(self.index)
+
+
+def entries(chunk: LineChunk) -> list[Entry]:
+    return [Entry(chunk, i) for i in range(len(chunk))]
 
 
 class LogWindow:
@@ -48,6 +79,7 @@ class LogWindow:
         self._live: deque[Entry] = deque()  # while detached: the newest lines, contiguous
         self.log_end = 0  # the end of the log as far as the live stream has reached
         self.evicted = {True: 0, False: 0}  # lines dropped from the front, by view (raw?)
+        self.skipped = 0  # bytes of the log not streamed on attach (read back by page)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -55,7 +87,7 @@ class LogWindow:
     @property
     def start(self) -> int:
         """Byte offset of the oldest line held (what is before it is in the remote file)."""
-        return self._entries[0].line.offset if self._entries else self.log_end
+        return self._entries[0].offset if self._entries else self.log_end
 
     def view(self, raw: bool) -> deque[Entry]:
         return self._entries if raw else self._shown
@@ -63,9 +95,10 @@ class LogWindow:
     def append(self, entries: Iterable[Entry]) -> None:
         """Live lines: into the window, or beside it while it is detached."""
         for entry in entries:
-            if entry.rule is not None:
-                counts = self.hidden if entry.rule.kind == "hide" else self.harmless
-                counts[entry.rule.label] = counts.get(entry.rule.label, 0) + 1
+            rule = entry.rule
+            if rule is not None:
+                counts = self.hidden if rule.kind == "hide" else self.harmless
+                counts[rule.label] = counts.get(rule.label, 0) + 1
             self.log_end = max(self.log_end, entry.end)
             if self.detached:
                 self.missed += 1
@@ -120,17 +153,24 @@ class LogWindow:
                 self._shown.append(entry)
             self.log_end = max(self.log_end, entry.end)
 
+    def skip(self, start: int, end: int) -> None:
+        """The live stream jumps from `start` to `end` (a long log's middle, not sent): what
+        is held goes, so the window stays contiguous; scrolling up reads the middle back."""
+        self.reset([])
+        self.skipped += max(0, end - start)
+        self.log_end = max(self.log_end, end)
+
     def clear(self) -> None:
         """A new run: nothing held, nothing counted."""
         self.reset([])
         self.hidden.clear()
         self.harmless.clear()
-        self.log_end = 0
+        self.log_end = self.skipped = 0
 
     def find(self, offset: int, raw: bool) -> int | None:
         """Index in the view of the line at byte `offset` (or the first after it)."""
         for index, entry in enumerate(self.view(raw)):
-            if entry.line.offset >= offset:
+            if entry.offset >= offset:
                 return index
         return None
 

@@ -166,19 +166,21 @@ class NoiseFilter:
         return rule
 
     def classify_all(self, lines: Sequence[LogLine]) -> list[NoiseRule | None]:
-        """`classify` for each line of a chunk, in order; only the lines a rule could match
-        (blank, or holding a needle) are asked, unless a rule has no needle."""
-        if self._unguarded:
-            rules = list(map(self.match, lines))
-            for rule in rules:
-                if rule is not None:
-                    self._count(rule)
-            return rules
-        out: list[NoiseRule | None] = [None] * len(lines)
-        for i in self._suspects(lines):
-            rule = out[i] = self.match(lines[i])
+        """`classify` for each line of a chunk, in order."""
+        rules = self.match_all(lines)
+        for rule in rules:
             if rule is not None:
                 self._count(rule)
+        return rules
+
+    def match_all(self, lines: Sequence[LogLine]) -> list[NoiseRule | None]:
+        """`match` for each line of a chunk, in order (nothing counted); only the lines a rule
+        could match (blank, or holding a needle) are asked, unless a rule has no needle."""
+        if self._unguarded:
+            return list(map(self.match, lines))
+        out: list[NoiseRule | None] = [None] * len(lines)
+        for i in self._suspects(lines):
+            out[i] = self.match(lines[i])
         return out
 
     def _count(self, rule: NoiseRule) -> None:

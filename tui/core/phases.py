@@ -278,6 +278,16 @@ _VLLM = _buckets(_RULES)
 _ENGINES = {"vllm": _VLLM, "sglang": _buckets(_SGLANG_RULES)}
 
 
+_TABLES = {"vllm": _RULES, "sglang": _SGLANG_RULES}
+
+
+def phase_needles(engine: str = "vllm") -> tuple[str, ...]:
+    """A literal every phase line of `engine` holds (the banner's block characters for the
+    rule that has no needle; the answered request's HTTP line): for the chunk scanner."""
+    table = _TABLES.get(engine, _RULES)
+    return tuple({needle for _, needle, _ in table if needle} | set(_BLOCKS))
+
+
 def phase_initials(engine: str = "vllm") -> frozenset[str]:
     """The first characters of every message a phase rule can match: `detect_phase` answers
     None for any other line, so a caller with many lines can skip those without asking."""

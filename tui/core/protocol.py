@@ -117,6 +117,14 @@ class LogChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class LogSkipped:
+    """Attached to a long log: bytes [start, end) were not sent (read back by page on demand)."""
+
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
 class ProcExit:
     pid: int
     name: str
@@ -267,9 +275,9 @@ class HttpReply:
     body: str
 
 
-AgentEvent = (Hello | Secrets | Procs | Gpus | LogChunk | ProcExit | RunExit | Health | AgentFault
-              | Launched | KillStep | Killed | Runs | Preflight | Metrics | HttpReply | DiskSpace
-              | Stack | StacksDone)
+AgentEvent = (Hello | Secrets | Procs | Gpus | LogChunk | LogSkipped | ProcExit | RunExit | Health
+              | AgentFault | Launched | KillStep | Killed | Runs | Preflight | Metrics | HttpReply
+              | DiskSpace | Stack | StacksDone)
 
 
 def _proc(d: dict[str, Any]) -> ProcInfo:
@@ -315,6 +323,7 @@ _DECODERS: dict[str, Any] = {
     "procs": lambda d: Procs(float(d["time"]), tuple(_proc(p) for p in d.get("procs") or ())),
     "gpus": lambda d: Gpus(float(d["time"]), tuple(_gpu(g) for g in d.get("gpus") or ())),
     "log": lambda d: LogChunk(int(d["off"]), int(d["end"]), tuple(d.get("lines") or ())),
+    "log_skipped": lambda d: LogSkipped(int(d["off"]), int(d["end"])),
     "exit": lambda d: ProcExit(int(d["pid"]), str(d.get("name") or "?"), d.get("code"),
                                d.get("signal"), float(d["time"]), bool(d.get("top"))),
     "run_exit": lambda d: RunExit(d.get("pid"), d.get("code"), d.get("signal"),

@@ -27,7 +27,7 @@ launcher's "Received sigquit from a child process" is a symptom, and may come fi
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tui.core.failures import FailureClass, classify, states_cause
@@ -264,11 +264,15 @@ class RootCauseTracker:
                          cut.pid, cut.offset, self.symptoms, tuple(cut.lines), missing=True,
                          deepest_frame=deepest)
 
-    def feed_all(self, lines: Iterable[LogLine]) -> None:
+    def feed_all(self, lines: Iterable[LogLine],
+                 hidden: Sequence[bool] | None = None) -> None:
         """`feed` each line of a chunk; the INFO and DEBUG records that cannot start, continue
-        or end a traceback nor report a symptom (nearly all of a busy log) are passed over."""
+        or end a traceback nor report a symptom (nearly all of a busy log), and the lines a
+        noise rule hides (`hidden`, per line), are passed over outside a traceback."""
         feed = self.feed
-        for line in lines:
+        for i, line in enumerate(lines):
+            if hidden is not None and hidden[i] and not self._open:
+                continue
             level = line.level
             if (level == "INFO" or level == "DEBUG") and not self._open:
                 msg = line.message
@@ -330,6 +334,10 @@ class RootCauseTracker:
             # multiprocessing prints `Process EngineCore_DP0:` above a raw traceback: its name.
             m = _PROCESS_HEADER_RE.match(msg) if msg.startswith("Process ") else None
             self._process_header = m.group(1) if m else None
+
+    def in_traceback(self) -> bool:
+        """A traceback is being assembled: its next lines must all be fed."""
+        return bool(self._open)
 
     def first_failure_after(self, offset: int) -> int:
         """Where the first sign of a failure after `offset` began (-1: none)."""

@@ -15,9 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from tui.core.diagnosis import Diagnosis, Explanation
-from tui.core.logline import LogLine, parse_lines, unfrozen_twin
+from tui.core.logchunk import ChunkReader, LineChunk
 from tui.core.logtime import LogClock
-from tui.core.noise import NoiseFilter, NoiseRule
+from tui.core.noise import NoiseFilter
 from tui.core.phases import Phase, PhaseHit
 from tui.core.protocol import Gpus, Health, ProcExit, ProcInfo, Procs, RunExit
 from tui.core.rootcause import RootCause
@@ -117,12 +117,10 @@ class ProgressChanged:
 
 
 @dataclass(frozen=True, slots=True)
-class LineAdded:
-    line: LogLine
-    rule: NoiseRule | None
+class LinesAdded:
+    """A chunk of the log, classified (tui.core.logchunk): one event for many lines."""
 
-
-_LineAddedBuilding = unfrozen_twin(LineAdded)  # one per log line: see unfrozen_twin
+    chunk: LineChunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +182,7 @@ class HelperExited:
     exit: ProcExit
 
 
-DomainEvent = (StateChanged | PhaseChanged | ProgressChanged | LineAdded | Died | CauseUpdated
+DomainEvent = (StateChanged | PhaseChanged | ProgressChanged | LinesAdded | Died | CauseUpdated
                | Stalled | Ready | HelperExited)
 
 
@@ -235,6 +233,7 @@ class LaunchMachine:
         # the log's own verdict, the same reader `explain` uses (live parity)
         self.diagnosis = Diagnosis(self.engine, self.noise)
         self.tracker = self.diagnosis.tracker
+        self.reader = ChunkReader(self.engine, self.noise)
 
     def verdict(self) -> Explanation:
         """What the log alone says so far: outcome, furthest phase, root cause."""
@@ -271,38 +270,37 @@ class LaunchMachine:
     # -- facts from the agent ----------------------------------------------------------------
 
     def feed_lines(self, lines: Iterable[tuple[int, str]], at: float) -> list[DomainEvent]:
-        """Classify each (byte offset, raw line): noise, phase, root cause."""
-        events: list[DomainEvent] = []
+        """Classify a chunk of (byte offset, raw line): noise, phase, root cause. Only the lines
+        the reader finds worth it are decoded (tui.core.logchunk); the chunk is one event."""
+        pairs = lines if isinstance(lines, list) else list(lines)
+        read = self.reader.read(pairs, self.tracker.in_traceback())
+        events: list[DomainEvent] = [LinesAdded(read.chunk)]
         cause_before = self.diagnosis.cause() if self.death is not None else None
-        progressed = False
         names = self.log_names
-        # Each stage runs over the whole chunk (cheaper than stage by stage per line), which is
-        # the same as line by line unless a death is decided mid-chunk: only a pending exit
-        # (see _reported_command_failure) can do that, and then the diagnosis goes line by line.
-        parsed = parse_lines(lines)
-        rules = self.noise.classify_all(parsed)
+        # The diagnosis reads the whole chunk at once (cheaper than line by line), which is the
+        # same unless a death is decided mid-chunk: only a pending exit (see
+        # _reported_command_failure) can do that, and then it goes line by line.
         per_line = bool(self.pending_exits)
-        hits = [None] * len(parsed) if per_line else self.diagnosis.feed(parsed, rules)
-        for i, (line, rule) in enumerate(zip(parsed, rules, strict=True)):
+        hits = [None] * len(read.lines) if per_line else self.diagnosis.feed(read.lines, read.rules)
+        for i, line in enumerate(read.lines):
             msg = line.message
             if line.pid is not None and line.proc and names.get(line.pid) != line.proc:
                 names[line.pid] = line.proc
             if "exit code" in msg or "core proc" in msg:
                 self._note_reported_code(msg)
-            added = _LineAddedBuilding(line, rule)
-            added.__class__ = LineAdded
-            events.append(added)
             hit = hits[i]
             if per_line:
-                hit = self.diagnosis.feed([line], [rule])[0]
+                hit = self.diagnosis.feed([line], [read.rules[i]])[0]
                 if self.pending_exits and "non-zero exit status" in msg:
                     events.extend(self._reported_command_failure(msg, at))
-            if not progressed and _HANG_HEARTBEAT not in msg:
-                progressed = True
             if hit is not None:
-                events.extend(self._on_phase(hit, self._written_at(line.raw, at)))
                 if hit.phase is Phase.SERVING:
-                    self.spec_decode = parse_interval(msg) or self.spec_decode
+                    if "SpecDecoding" in msg or "accept" in msg:
+                        self.spec_decode = parse_interval(msg) or self.spec_decode
+                    if self._serving_known(hit):
+                        continue  # serving goes on: nothing new for the timeline
+                events.extend(self._on_phase(hit, self._written_at(line.raw, at)))
+        progressed = len(read.chunk) > read.heartbeats
         if progressed:
             self.last_line_at = at
             if self.state is State.STALLED:
@@ -374,6 +372,14 @@ class LaunchMachine:
         if written is None or self.launched_at is None:
             return at
         return max(written, self.launched_at)
+
+    def _serving_known(self, hit: PhaseHit) -> bool:
+        """The timeline is already in SERVING (or past the phases): a serving line moves
+        nothing, so its time need not be read."""
+        timeline = self.timeline
+        current = timeline.current if timeline is not None else None
+        return (hit.version is None and self.state.live and current is not None
+                and current.phase is Phase.SERVING) or self.state is State.READY
 
     def _on_phase(self, hit: PhaseHit, at: float) -> list[DomainEvent]:
         events: list[DomainEvent] = []

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tui.core import cluster
@@ -23,7 +23,7 @@ from tui.core.describe import duration
 from tui.core.errors import PreflightFailed, RunNotFound, SpecconsoleError
 from tui.core.profile import Profile
 from tui.core.protocol import Killed, RunRecord
-from tui.core.state import Death, Died, LineAdded
+from tui.core.state import Death, Died, LinesAdded
 from tui.remote import launcher
 from tui.remote.session import open_session
 from tui.supervise.history import History
@@ -31,6 +31,8 @@ from tui.supervise.runs import Member, Run, SingleRun
 from tui.supervise.supervisor import Fatal, Notice, RunInfo, SessionOpener, Supervisor
 
 JOIN_POLL_S = 0.05
+# how long after a death without a cause another member's death may lend it its cause
+CAUSE_ELSEWHERE_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,14 +127,25 @@ class ClusterRun:
     def death(self) -> tuple[cluster.Member, Death] | None:
         """The run's death with the best cause known now (late lines sharpen it): of the
         deaths seen on every host, the one that happened first, whichever was heard of first
-        (each host's news travels its own link)."""
+        (each host's news travels its own link). When that one has no cause of its own (no
+        words and no signal: a signal is its cause), the cause of a later death within
+        CAUSE_ELSEWHERE_S that was printed by a process of the same name: a Ray worker's words
+        reach the driver's log on the head (prefixed with the worker's name), not the host the
+        worker died on. What other processes print after a death is its symptom."""
         if self.died is None:
             return None
-        deaths = [(d.at, m.name, d) for m in self.parts
-                  if (d := self.sups[m.name].machine.death) is not None]
+        deaths = sorted(((d.at, m.name, d) for m in self.parts
+                         if (d := self.sups[m.name].machine.death) is not None),
+                        key=lambda found: found[0])
         if not deaths:
             return self.part(self.died.member), self.died.death
-        _, name, death = min(deaths, key=lambda found: found[0])
+        first_at, name, death = deaths[0]
+        if death.cause is None and death.signal is None:
+            cause = next((d.cause for at, _, d in deaths[1:]
+                          if d.cause is not None and d.cause.process == death.process
+                          and at - first_at <= CAUSE_ELSEWHERE_S), None)
+            if cause is not None:
+                death = replace(death, cause=cause)
         return self.part(name), death
 
     # -- starting ----------------------------------------------------------------------------
@@ -232,7 +245,8 @@ class ClusterRun:
                 event = await asyncio.wait_for(queue.get(), left)
             except asyncio.TimeoutError:
                 break
-            if isinstance(event, LineAdded) and m.joined.search(event.line.plain):
+            if isinstance(event, LinesAdded) and any(
+                    m.joined.search(raw) for raw in event.chunk.raws):
                 self.joined[m.name] = self.clock() - started
                 self._emit(Joined(m.name, m.host, self.joined[m.name]))
                 return True
@@ -244,11 +258,15 @@ class ClusterRun:
 
     async def kill(self, grace: float = 10.0) -> dict[str, Killed]:
         """The server first (its engine would otherwise log every worker's loss), then the
-        other members together; each on its own host with the full escalation."""
+        other members together; each on its own host with the full escalation. Every member
+        is marked killing before the first is killed: under Ray the server's end makes the
+        raylets end their actors, which is the kill, not a death."""
         killed: dict[str, Killed] = {}
         ordered = [m for m in reversed(self.parts) if self.sups[m.name].run is not None]
         if not ordered:
             raise RunNotFound(f"no run of {self.profile.name} to kill")
+        for m in ordered:
+            self.sups[m.name].mark_killing()
         first, rest = ordered[0], ordered[1:]
         killed[first.name] = await self.sups[first.name].kill(grace)
         results = await asyncio.gather(*(self.sups[m.name].kill(grace) for m in rest),

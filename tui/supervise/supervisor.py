@@ -17,6 +17,8 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate, repeat
+from operator import add
 from typing import Any
 
 from tui.core.command import redact, shell_join
@@ -29,7 +31,9 @@ from tui.core.errors import (
     SessionError,
     SpecconsoleError,
 )
-from tui.core.logline import parse_line, strip_escapes
+from tui.core.logchunk import LineChunk
+from tui.core.logline import strip_escapes
+from tui.core.logwindow import Entry, entries
 from tui.core.noise import NoiseFilter, builtin_rules, rule_from_pattern
 from tui.core.profile import Profile
 from tui.core.protocol import (
@@ -44,6 +48,7 @@ from tui.core.protocol import (
     Killed,
     KillStep,
     LogChunk,
+    LogSkipped,
     Metrics,
     ProcExit,
     Procs,
@@ -58,7 +63,6 @@ from tui.core.state import (
     Died,
     DomainEvent,
     LaunchMachine,
-    LineAdded,
     Ready,
     Stalled,
     State,
@@ -74,6 +78,10 @@ BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 10.0
 TICK_S = 0.5
 METRICS_S = 10.0  # how often the watch reads the server's spec-decode counters
+# attached to a long log, the agent sends its first and last bytes only (tui/agent/logtail.py):
+# the start holds the launch's phases, the end the state now and a death's traceback
+SKIM_HEAD = 4 << 20
+SKIM_TAIL = 8 << 20
 CAUSE_GRACE_S = 0.5  # after a death, how long late log lines may sharpen the cause
 
 
@@ -198,7 +206,8 @@ class KillDone:
 
 SupervisorEvent = (DomainEvent | Notice | Fatal | PreflightDone | RunStarted | LinkLost
                    | LinkRestored | AgentHello | ProcsSeen | GpusSeen | ProcEnded | KillProgress
-                   | KillDone | HistoryLoaded | SmokeDone | SpecDecodeSeen | StacksTaken)
+                   | KillDone | HistoryLoaded | SmokeDone | SpecDecodeSeen | StacksTaken
+                   | LogSkipped)
 SessionOpener = Callable[[Any], Awaitable[Session]]
 
 
@@ -217,8 +226,12 @@ class Supervisor:
     def __init__(self, profile: Profile, *, environ: Mapping[str, str] | None = None,
                  opener: SessionOpener = open_session,
                  clock: Callable[[], float] = time.time,
-                 history: History | None = None, serves: bool = True) -> None:
+                 history: History | None = None, serves: bool = True,
+                 whole_log: bool = False) -> None:
         self.profile = profile
+        # True: every line of the log is streamed (`specconsole logs`); else a long log's
+        # middle is skipped on attach and read back by page (read_log) when scrolled to
+        self.whole_log = whole_log
         # False: one host's part of a multi-host run (supervise.group): no health, smoke or stall of
         # its own; the server's member answers for the run
         self.serves = serves
@@ -569,6 +582,8 @@ class Supervisor:
             "run_dir": self.run.run_dir, "log_offset": self.log_end,
             "redact": list(self.secrets), "secret_env": list(self.profile.server.secret_env),
             "procs_interval": 1.0, "gpus_interval": 1.0, "log_interval": 0.05}
+        if not self.whole_log:
+            spec["skim"] = {"head": SKIM_HEAD, "tail": SKIM_TAIL}
         if self.serves:
             spec["health"] = {"port": self.profile.server.port,
                               "paths": ["/health", "/v1/models"], "interval": 1.0}
@@ -624,6 +639,9 @@ class Supervisor:
         m = self.machine
         if isinstance(event, LogChunk):
             self._emit(m.feed_lines(self._lines(event), now))
+        elif isinstance(event, LogSkipped):
+            self.log_end = max(self.log_end, event.end)
+            self._emit([event])
         elif isinstance(event, ProcExit):
             self._emit(m.feed_exit(event, now))
             code = event.code if event.code is not None or event.signal is not None else \
@@ -677,10 +695,11 @@ class Supervisor:
         self.log_end = chunk.end
         return out
 
-    async def read_log(self, start: int, end: int) -> list[LineAdded]:
+    async def read_log(self, start: int, end: int) -> list[Entry]:
         """Bytes [start, end) of the run's log file, as classified lines (the console's
         scroll-back past its capped buffer). A partial first line is skipped, so a page begins
-        at a line boundary; nothing is counted again by the noise filter."""
+        at a line boundary; nothing is counted again by the noise filter, and only the lines a
+        rule cares about are decoded (the rest when drawn), as in the live stream."""
         if self.run is None or end <= start:
             return []
         result = await (await self.connect()).run(
@@ -693,15 +712,14 @@ class Supervisor:
             if cut < 0:
                 return []
             data, offset = data[cut + 1:], start + cut + 1
-        out: list[LineAdded] = []
-        for chunk in data.split(b"\n")[:-1] if data.endswith(b"\n") else data.split(b"\n"):
-            text = chunk.decode("utf-8", "replace")
-            if self.secrets:
-                text = redact(text, self.secrets)
-            line = parse_line(text, offset)
-            out.append(LineAdded(line, self.machine.noise.match(line)))
-            offset += len(chunk) + 1
-        return out
+        pieces = data.split(b"\n")
+        if data.endswith(b"\n"):
+            pieces.pop()
+        offsets = list(accumulate(map(add, map(len, pieces), repeat(1)), initial=offset))
+        raws = [p.decode("utf-8", "replace") for p in pieces]
+        if self.secrets:
+            raws = [redact(raw, self.secrets) for raw in raws]
+        return entries(self.machine.reader.read_page(LineChunk(offsets[:-1], raws)))
 
     # -- control -----------------------------------------------------------------------------
 
@@ -709,13 +727,18 @@ class Supervisor:
         """TERM the group, KILL after the grace, sweep by run id; report what remains."""
         if self.run is None:
             raise RunNotFound(f"no run of {self.profile.key} to kill")
-        self._emit(self.machine.killing(self.clock()))
+        self.mark_killing()
         steps, killed = await launcher.kill(
             await self.connect(), self.profile, self.run.run_dir, grace,
             on_step=lambda step: self._emit([KillProgress(step)]))
         self.last_kill_steps = steps
         self._emit([KillDone(killed), *self.machine.stopped(self.clock())])
         return killed
+
+    def mark_killing(self) -> None:
+        """From now on the run's processes ending is our kill, not a death (a cluster marks
+        every member before it kills the first: the others' processes end with it)."""
+        self._emit(self.machine.killing(self.clock()))
 
     async def restart(self, grace: float = 10.0, skip_preflight: bool = False) -> RunInfo:
         """Kill, verify, and relaunch as a new run with a fresh machine and timeline. With no

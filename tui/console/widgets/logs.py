@@ -22,7 +22,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Input, Static
 
-from tui.console.messages import LogLines, RootCauseFound, RunReset
+from tui.console.messages import LogLines, LogSkipped, RootCauseFound, RunReset
+from tui.core.describe import size_words
 from tui.core.logline import keep_colours
 from tui.core.logwindow import Entry, LogWindow
 
@@ -78,8 +79,8 @@ class LogView(ScrollView, can_focus=True):
         evicted = self.window.evicted[self.raw]
         self.window.append(entries)
         dropped = self.window.evicted[self.raw] - evicted
-        for entry in entries:
-            self._width = max(self._width, min(MAX_DRAWN, len(entry.line.plain)) + 4)
+        for entry in entries[-self.window.cap:]:  # the raw text's length bounds the drawn
+            self._width = max(self._width, min(MAX_DRAWN, len(entry.raw)) + 4)
         self._resize()
         if self.following:
             self.scroll_end(animate=False)  # after the refresh that knows the new size
@@ -96,6 +97,14 @@ class LogView(ScrollView, can_focus=True):
         self._asked_before = None
         self._resize()
         self.scroll_to(y=self.scroll_y + max(0, added), animate=False, immediate=True)
+        self.refresh()
+
+    def skip(self, start: int, end: int) -> None:
+        self.window.skip(start, end)
+        self._asked_before = None
+        self._resize()
+        if self.following:
+            self.scroll_end(animate=False)
         self.refresh()
 
     def reset(self) -> None:
@@ -202,19 +211,23 @@ class LogView(ScrollView, can_focus=True):
         self.following, self._hold = False, None
         self.call_after_refresh(self._maybe_older)
 
+    # upward moves land at once (not after the next refresh), so that reaching the top asks
+    # for the older page in the same keypress
+
     def action_scroll_up(self) -> None:
         self.following, self._hold = False, None
-        super().action_scroll_up()
+        self.scroll_to(y=self.scroll_y - 1, animate=False, immediate=True)
         self._maybe_older()
 
     def action_page_up(self) -> None:
         self.following, self._hold = False, None
-        super().action_page_up()
+        self.scroll_to(y=self.scroll_y - self.scrollable_content_region.height, animate=False,
+                       immediate=True)
         self._maybe_older()
 
     def action_scroll_home(self) -> None:
         self.following, self._hold = False, None
-        super().action_scroll_home()
+        self.scroll_to(y=0, animate=False, immediate=True)
         self._maybe_older()
 
     def action_scroll_end(self) -> None:
@@ -300,6 +313,10 @@ class LogPane(Vertical):
         self.view.show_offset(message.offset)
         self.update_header()
 
+    def on_log_skipped(self, message: LogSkipped) -> None:
+        self.view.skip(message.start, message.end)
+        self.update_header()
+
     def on_run_reset(self, message: RunReset) -> None:
         self.view.reset()
         self.update_header()
@@ -314,7 +331,8 @@ class LogPane(Vertical):
             parts.append(Text(f" · scrolled back: {w.missed} newer lines — space to follow",
                               style="yellow"))
         elif w.start > 0:
-            parts.append(Text(" · older lines in the remote file (scroll up to load)",
+            unread = f", {size_words(w.skipped)} unread" if w.skipped else ""
+            parts.append(Text(f" · older lines in the remote file{unread} (scroll up to load)",
                               style="dim"))
         if view.pattern is not None:
             parts.append(Text(f" · /{self.search_text}/ {self.match_count} matches",

@@ -16,6 +16,7 @@ from tui.console.messages import (
     GpusChanged,
     HistoryShown,
     LogLines,
+    LogSkipped,
     PreflightShown,
     ProcsChanged,
     RootCauseFound,
@@ -69,7 +70,7 @@ class MemberPanes(Vertical):
 
     def route(self, message: Message) -> None:
         """A bridge message to the pane that draws it."""
-        if isinstance(message, (LogLines, RootCauseFound)):
+        if isinstance(message, (LogLines, LogSkipped, RootCauseFound)):
             self.query_one(LogPane).post_message(message)
         elif isinstance(message, ProcsChanged):
             self.query_one(ProcPane).post_message(message)

@@ -1,0 +1,160 @@
+"""A chunk of log lines as it arrived, kept as text, and the one pass that reads it.
+
+Lines stay strings addressed by their byte offsets; a LogLine (decoded, prefix parsed) is made
+for a line only when something needs it: the scanner found a word a rule cares about in it (an
+error, a phase, a noise rule's needle, a traceback), or the console draws or searches it. The
+reader is shared by the live machine and `explain`, so both classify the same lines the same
+way however the log was chunked.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tui.core.failures import CLASSES, HANG_MARKERS
+from tui.core.logline import LogLine, parse_line, parse_lines
+from tui.core.noise import NoiseFilter, NoiseRule
+from tui.core.phases import phase_needles
+from tui.core.scanner import CORE_NEEDLES, Scanner, branch_literals, required_literal
+
+# docker compose's `svc-1  | ` as the first thing on a line: its lines are read one by one
+_COMPOSE_RE = re.compile(r"[A-Za-z0-9][\w.-]*\s+\| ")
+# uvicorn's access line for an answered request: only a chunk's last one matters (serving)
+_ACCESS = " HTTP/1."
+# the pids of a chunk's process prefixes: a process first seen in it gets its line decoded
+# (its name from the prefix), even when nothing else in the line matters
+_PID_RE = re.compile(r" pid=(\d+)")
+
+
+class LineChunk:
+    """Lines [offsets[0], end) of a log: their text, and what was decoded of them."""
+
+    __slots__ = ("_lines", "_rules", "offsets", "raws")
+
+    def __init__(self, offsets: list[int], raws: list[str]) -> None:
+        self.offsets, self.raws = offsets, raws
+        self._lines: dict[int, LogLine] = {}
+        self._rules: dict[int, NoiseRule] = {}
+
+    def __len__(self) -> int:
+        return len(self.raws)
+
+    def line(self, i: int) -> LogLine:
+        """The decoded line (made on first use, then kept)."""
+        line = self._lines.get(i)
+        if line is None:
+            line = self._lines[i] = parse_line(self.raws[i], self.offsets[i])
+        return line
+
+    def rule(self, i: int) -> NoiseRule | None:
+        """The noise rule the line matched (None: shown as it is)."""
+        return self._rules.get(i)
+
+    def end(self, i: int) -> int:
+        return self.offsets[i] + len(self.raws[i].encode("utf-8", "replace")) + 1
+
+    def classified(self, indices: Sequence[int], lines: Sequence[LogLine],
+                   rules: Sequence[NoiseRule | None]) -> None:
+        for i, line, rule in zip(indices, lines, rules, strict=True):
+            self._lines[i] = line
+            if rule is not None:
+                self._rules[i] = rule
+
+    @classmethod
+    def of(cls, pairs: Sequence[tuple[int, str]]) -> LineChunk:
+        return cls([p[0] for p in pairs], [p[1] for p in pairs])
+
+
+@dataclass(slots=True)
+class ChunkRead:
+    """One chunk read: the lines worth decoding (indices into the chunk), decoded, with their
+    noise verdicts (already counted by the filter)."""
+
+    chunk: LineChunk
+    indices: list[int]
+    lines: list[LogLine]
+    rules: list[NoiseRule | None]
+    heartbeats: int  # lines that are the hang heartbeat: no progress
+
+
+class ChunkReader:
+    """Finds and decodes the lines of a chunk that any rule cares about."""
+
+    def __init__(self, engine: str, noise: NoiseFilter, backend: str | None = None) -> None:
+        self.noise = noise
+        self.pids: set[str] = set()  # process prefixes seen (their pid), over the whole log
+        needles = set(CORE_NEEDLES) | (set(phase_needles(engine)) - {_ACCESS})
+        # what a raw stderr line or a WARNING may state, and the hang markers: their words
+        # (an ERROR record is found by its level)
+        for kind in (*(c for c in CLASSES if c.raw or c.warning), *HANG_MARKERS):
+            needles.update(branch_literals(kind.pattern) or ())
+        self.everything = False  # a rule no literal guards: every line must be asked
+        for rule in noise.rules:
+            needle = rule.needle or required_literal(rule.pattern)
+            if needle:
+                needles.add(needle)
+            elif rule.id != "blank":  # blank lines: the scanner's own pattern finds them
+                self.everything = True
+        self.scanner = Scanner(needles, backend)
+
+    def read(self, pairs: Sequence[tuple[int, str]], open_traceback: bool) -> ChunkRead:
+        """`open_traceback`: the tracker is inside a traceback, whose next lines (source lines
+        hold no needle) must all be read."""
+        return self.read_chunk(LineChunk.of(pairs), open_traceback)
+
+    def read_page(self, chunk: LineChunk) -> LineChunk:
+        """Lines read back from the log (scrolled to): classified alike, counted nowhere, and
+        no process seen for the first time (the live stream saw them in order)."""
+        return self.read_chunk(chunk, False, page=True).chunk
+
+    def read_chunk(self, chunk: LineChunk, open_traceback: bool, *,
+                   page: bool = False) -> ChunkRead:
+        raws = chunk.raws
+        scan = self.scanner.scan(raws)
+        if self.everything or open_traceback or (raws and _COMPOSE_RE.match(raws[0])):
+            indices = list(range(len(raws)))
+        else:
+            indices = scan.lines
+            if scan.first_traceback is not None:  # every line after it may continue it
+                first = scan.first_traceback
+                indices = [i for i in indices if i < first] + list(range(first, len(raws)))
+            extra = set() if page else {
+                i for i in (_last_answered(raws), *self._first_of_new_pids(raws))
+                if i is not None}
+            if extra - set(indices):
+                indices = sorted({*indices, *extra})
+        lines = parse_lines([(chunk.offsets[i], raws[i]) for i in indices])
+        rules = self.noise.match_all(lines) if page else self.noise.classify_all(lines)
+        chunk.classified(indices, lines, rules)
+        return ChunkRead(chunk, indices, lines, rules, scan.heartbeats)
+
+
+    def _first_of_new_pids(self, raws: Sequence[str]) -> list[int]:
+        """The first line of each process prefix this log shows for the first time."""
+        text = "\n".join(raws) if "pid=" in raws[0] or "pid=" in raws[-1] else ""
+        new = set(_PID_RE.findall(text)) - self.pids if text else set()
+        if not new:
+            return []
+        self.pids |= new
+        needles = {f" pid={pid}": pid for pid in new}
+        out = []
+        for i, raw in enumerate(raws):
+            hit = next((n for n in needles if n in raw), None)
+            if hit is not None:
+                out.append(i)
+                del needles[hit]
+                if not needles:
+                    break
+        return out
+
+
+def _last_answered(raws: Sequence[str]) -> int | None:
+    """The chunk's last uvicorn line for a POST (the server serves, if it answered 2xx),
+    looked for among the chunk's last lines only: a serving log is made of them."""
+    for i in range(len(raws) - 1, max(-1, len(raws) - 65), -1):
+        raw = raws[i]
+        if _ACCESS in raw and '"POST ' in raw:
+            return i
+    return None
