@@ -9,6 +9,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,15 @@ from test_bad_input import _opener
 
 from tui.console.app import ConsoleApp
 from tui.console.widgets.fleet import FleetTable
+from tui.core import cluster
 from tui.core.cluster import members
 from tui.core.errors import ProfileError, SpecconsoleError
 from tui.core.profile import loads_profile
-from tui.core.state import Ready
-from tui.supervise.group import ClusterRun, Joined, MemberEvent, RunDied
+from tui.core.protocol import Killed
+from tui.core.rootcause import RootCause
+from tui.core.state import Death, Ready, State
+from tui.supervise.group import CAUSE_ELSEWHERE_S, ClusterRun, Joined, MemberEvent, RunDied
+from tui.supervise.supervisor import RunInfo
 
 HOSTS = """\
 [[hosts]]
@@ -114,6 +119,133 @@ def test_ray_members_start_the_head_then_the_nodes_then_the_server() -> None:
     assert ports == [(6379, True), (8000, False), (8000, True)]
 
 
+SIMULATE = ('[simulate]\nscenario = "syntax-error"\ngpus = 4\ngpu_state = "/g"\n'
+            'fault_host = "gpu-b"\n')
+
+
+def test_a_simulated_profile_runs_the_simulated_ray_unless_it_names_a_real_one() -> None:
+    simulated = _load(HOSTS + '[cluster]\nbackend = "ray"\n' + SERVER + SIMULATE)
+    assert not cluster.real_ray(simulated)
+    head = members(simulated)[0].profile.server.command
+    assert head[1:4] == ("-m", "tui.sim.ray", "start")
+    assert cluster.REAL_RAY_ENV not in members(simulated)[2].profile.server.env
+
+    real = _load(HOSTS + '[cluster]\nbackend = "ray"\nray = ["/v/bin/ray"]\n' + SERVER + SIMULATE)
+    assert cluster.real_ray(real)
+    head_m, node_m, server_m = members(real)
+    # the real `ray start`, the host's simulated GPUs declared as Ray's
+    assert head_m.profile.server.command == (
+        "/v/bin/ray", "start", "--head", "--port=6379", "--node-ip-address=10.0.0.1",
+        "--num-gpus=4", "--block")
+    assert node_m.profile.server.command == (
+        "/v/bin/ray", "start", "--address=10.0.0.1:6379", "--node-ip-address=gpu-b",
+        "--num-gpus=4", "--block")
+    # Ray's workers inherit the node's environment: the scenario each host plays goes there
+    assert head_m.profile.server.env[cluster.SIM_SCENARIO_ENV] == "ready"
+    assert node_m.profile.server.env[cluster.SIM_SCENARIO_ENV] == "syntax-error"
+    assert (head_m.profile.simulate.gpu_state, node_m.profile.simulate.gpu_state) == (
+        "/g/gpu-a", "/g/gpu-b")
+    # the simulated engine core is the driver: told the Ray is real, its ranks become actors
+    env = server_m.profile.server.env
+    assert env["RAY_ADDRESS"] == "10.0.0.1:6379" and env[cluster.REAL_RAY_ENV] == "1"
+    assert server_m.profile.server.command[1:3] == ("-m", "tui.sim.engine")
+    assert "--distributed-executor-backend" in server_m.profile.server.command
+
+
+def test_the_simulation_and_the_core_name_the_real_ray_switches_alike() -> None:
+    from tui.sim import executor, ray_actors
+
+    assert ray_actors.REAL_RAY_ENV == executor.REAL_RAY_ENV == cluster.REAL_RAY_ENV
+    assert ray_actors.SCENARIO_ENV == cluster.SIM_SCENARIO_ENV
+
+
+V = "/v/lib/python3.11/site-packages/"
+
+
+@pytest.mark.parametrize(("argv", "comm", "name"), [
+    ([V + "ray/core/src/ray/gcs/gcs_server", "--log_dir=/tmp/ray"], "gcs_server", "gcs_server"),
+    ([V + "ray/core/src/ray/raylet/raylet", "--raylet_socket_name=x"], "raylet", "raylet"),
+    (["/v/bin/python3", "/v/bin/ray", "start", "--head", "--block"], "ray", "ray start"),
+    (["/v/bin/python3", "-u", V + "ray/_private/log_monitor.py", "--x"], "python3",
+     "log_monitor"),
+    (["/v/bin/python3", "-u", V + "ray/autoscaler/_private/monitor.py"], "python3", "monitor"),
+    (["/v/bin/python3", V + "ray/dashboard/dashboard.py", "--host=127.0.0.1"], "python3",
+     "dashboard"),
+    (["/v/bin/python3", "-m", "ray.util.client.server", "--address=x"], "python3",
+     "ray_client_server"),
+    (["ray::DashboardAgent"], "ray::DashboardA", "DashboardAgent"),
+    (["ray::RuntimeEnvAgent"], "ray::RuntimeEnv", "RuntimeEnvAgent"),
+    (["ray::RayWorkerWrapper.run"], "ray::RayWorkerW", "RayWorkerWrapper"),
+    (["ray-dashboard-NodeHead-0 (/v/bin/python3 -B -c 'from multiprocessing.forkserver "
+      "import main; main(25, 27)')"], "ray-dashboard-N", "ray-dashboard-NodeHead-0"),
+    (["/v/bin/python3", "-B", "-c", "from multiprocessing.forkserver import main; main(25, 27,"
+      " ['ray', 'ray.dashboard.subprocesses.module'], **{})"], "python3",
+     "ray-dashboard-forkserver"),
+    # not Ray's: vLLM's own helpers keep their names
+    (["/v/bin/python3", "-B", "-c", "from multiprocessing.forkserver import main; main(1)"],
+     "python3", "mp-spawn"),
+])
+def test_rays_real_processes_are_named_as_ray_names_them(argv: list[str], comm: str,
+                                                         name: str) -> None:
+    """The process pane's names for a real `ray start` tree (Ray 2.60, read in the lab)."""
+    from tui.agent.names import vllm_name
+
+    assert vllm_name(argv, comm, False) == name
+
+
+def _death(process: str, at: float, cause: str | None, said_by: str = "RayWorkerWrapper",
+           ) -> Death:
+    found = None if cause is None else RootCause(cause, said_by, 7, 0)
+    return Death(7, process, None, None, at, at, None, found)
+
+
+def test_a_death_without_a_cause_borrows_the_cause_of_the_next_death_elsewhere() -> None:
+    """A Ray actor on gpu-b dies with no words on its host; the driver on the head dies a
+    moment later with the actor's SyntaxError, which the log monitor relayed under the actor's
+    name: the run's death is the actor's, with that cause. A death long after lends nothing,
+    nor do words another process printed (the head's errors about a lost peer)."""
+    run = ClusterRun(_load(HOSTS + '[cluster]\nbackend = "ray"\n' + SERVER))
+    run.died = RunDied("ray-node-1", "gpu-b", _death("RayWorkerWrapper", 100.0, None))
+    run.sups["ray-node-1"].machine.death = run.died.death
+    run.sups["server"].machine.death = _death("EngineCore_DP0", 100.4, "SyntaxError: bad")
+    member, death = run.death() or (None, None)
+    assert member is not None and death is not None
+    assert (member.name, death.process) == ("ray-node-1", "RayWorkerWrapper")
+    assert death.cause is not None and death.cause.line == "SyntaxError: bad"
+    run.sups["server"].machine.death = _death("EngineCore_DP0", 100.0 + CAUSE_ELSEWHERE_S + 1,
+                                              "SyntaxError: bad")
+    assert run.death() == (run.part("ray-node-1"), run.died.death)
+    run.sups["server"].machine.death = _death("EngineCore_DP0", 100.4,
+                                              "RuntimeError: Connection closed by peer",
+                                              said_by="EngineCore_DP0")
+    assert run.death() == (run.part("ray-node-1"), run.died.death)
+    # killed by a signal: that is its cause, what the server prints after it a symptom
+    killed = replace(run.died.death, signal=9)
+    run.sups["ray-node-1"].machine.death = killed
+    run.sups["server"].machine.death = _death("EngineCore_DP0", 100.4, "RuntimeError: peer gone")
+    assert run.death() == (run.part("ray-node-1"), killed)
+
+
+def test_a_cluster_kill_marks_every_member_killing_before_the_first_is_killed() -> None:
+    """Under Ray the server's end ends the actors: by then every member must be KILLING, so
+    their processes ending is the kill, not a death sent in the middle of it."""
+    run = ClusterRun(_load(HOSTS + '[cluster]\nbackend = "ray"\n' + SERVER))
+    seen: list[list[str]] = []
+
+    async def kill(name: str, grace: float) -> Killed:
+        seen.append([m.name for m in run.parts
+                     if run.sups[m.name].machine.state is State.KILLING])
+        return Killed((), None, (), 0.0)
+
+    for m in run.parts:  # each member's own kill (over SSH) replaced by one that records
+        sup = run.sups[m.name]
+        sup.run = RunInfo("r", "/run", 1, 0.0, attached=True)
+        sup.machine.state = State.READY
+        sup.kill = lambda grace, name=m.name: kill(name, grace)  # type: ignore[method-assign]
+    asyncio.run(run.kill(1.0))
+    assert seen[0] == ["ray-head", "ray-node-1", "server"], seen
+
+
 def test_native_members_rank_the_hosts_and_the_others_run_headless() -> None:
     profile = _load(HOSTS + '[cluster]\nbackend = "native"\nport = 29600\n' + SERVER)
     head, node = members(profile)
@@ -122,7 +254,15 @@ def test_native_members_rank_the_hosts_and_the_others_run_headless() -> None:
     assert list(head.profile.server.command[-8:]) == tail
     assert list(node.profile.server.command[-9:]) == [*tail[:3], "1", *tail[4:], "--headless"]
     assert head.joined is None and node.joined is not None
-    assert node.joined.search("(Worker_TP8 pid=4242) INFO 12-04 10:00:00 ...")
+    # what vLLM 0.32's headless node printed in the lane (entrypoints/cli/serve.py); its
+    # workers' first lines come before the node has reached the head, so they are no join
+    assert node.joined.search(
+        "(MainProcess pid=24394) INFO 12-04 18:22:24 [serve.py:224] Launching vLLM (v0.32.0) "
+        "headless multiproc executor, with head node address 127.0.0.1:29511 for "
+        "torch.distributed process group.")
+    assert node.joined.search("INFO 05-01 10:00:00 [serve.py:240] Launching 2 data parallel "
+                              "engine(s) in headless mode, with head node address tcp://a:1.")
+    assert not node.joined.search("(Worker_TP8 pid=4242) INFO 12-04 10:00:00 ...")
     assert node.profile.host.jump == "gpu-a"
     assert head.profile.server.tensor_parallel_size == 8  # per host, for preflight's GPU count
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 import pytest
-from helpers import carriers
+from helpers import carriers, free_port, until_event
 from vllm_lane.lane import (
     DeathWatch,
     http,
@@ -39,18 +39,20 @@ from vllm_lane.lane import (
 )
 from vllm_lane.setup_env import env_dir
 
+from tui.core.cluster import HEADLESS_JOINED
 from tui.core.phases import Phase, detect_phase
-from tui.core.profile import Profile
+from tui.core.profile import Profile, load_profile
 from tui.core.specdecode import parse_interval, parse_totals
 from tui.core.state import (
     CauseUpdated,
     Died,
-    LineAdded,
+    LinesAdded,
     PhaseChanged,
     ProgressChanged,
     Ready,
     Stalled,
 )
+from tui.supervise.group import ClusterRun, Joined, MemberEvent, RunDied
 from tui.supervise.supervisor import ProcsSeen, StacksTaken, Supervisor
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(400)]
@@ -141,7 +143,8 @@ class Watched:
         return [e for _, e in self.events if isinstance(e, kind)]
 
     def lines(self) -> list[str]:
-        return [e.line.message for e in self.of(LineAdded)]
+        return [e.chunk.line(i).message for e in self.of(LinesAdded)
+                for i in range(len(e.chunk))]
 
     async def close(self) -> None:
         if self._task is not None:
@@ -258,8 +261,8 @@ async def _ready_then_kill(w: Watched, figures: dict[str, Any], key: str,
         # arrives after READY starts no phase
         phases = [e.phase for e in w.of(PhaseChanged)]
         assert phases in (STARTUP_PHASES, STARTUP_PHASES[:-1]), [str(p) for p in phases]
-        versions = {hit.version for e in w.of(LineAdded)
-                    if (hit := detect_phase(e.line)) is not None and hit.version}
+        versions = {hit.version for e in w.of(LinesAdded) for i in range(len(e.chunk))
+                    if (hit := detect_phase(e.chunk.line(i))) is not None and hit.version}
         assert versions == {"0.32.0"}  # the banner and the engine line agree
         weights_done = [e for e in w.of(ProgressChanged)
                         if e.phase is Phase.WEIGHTS and e.progress == 1.0]
@@ -576,3 +579,112 @@ async def test_engine_core_frozen_mid_load_is_stalled_naming_it_with_vllms_stack
         assert worker.error is None and any(f.engine for t in worker.threads for f in t.frames)
         figures["engine core frozen: stacks"] = [s.summary() for s in taken.stacks]
         await kill_and_verify(w, [core.pid, procs["Worker"].pid])  # k cleans a stopped run
+
+
+# -- g. vLLM's native multi-node (issue 17): two nodes, TP 2, one of them headless ---------------
+
+def two_node_profile(tmp: Path, scratch: Path, lane_dir: Path, worker_host: str) -> Profile:
+    """TP 2 over two "hosts": this machine as the head (node 0, API server) and the in-process
+    SSH server as node 1 (`--headless`), both at 127.0.0.1; vLLM's own `--nnodes` launch."""
+    venv = lane_dir / "venv"
+    hosts = "".join(
+        f'[[hosts]]\nrole = "{role}"\ntarget = "{target}"\naddress = "127.0.0.1"\n'
+        f'python = "{venv / "bin" / "python"}"\nruns_dir = "{tmp / "runs"}"\n\n'
+        for target, role in (("local", "head"), (worker_host, "worker")))
+    path = tmp / "vllm-two-nodes.toml"
+    path.write_text(f"""{hosts}[cluster]
+backend = "native"
+port = {free_port()}
+join_timeout = "2m"
+
+[server]
+engine = "vllm"
+model = "{lane_dir / "models" / "tiny-llama"}"
+executable = ["{venv / "bin" / "vllm"}", "serve"]
+port = {free_port()}
+listen = "127.0.0.1"
+tensor_parallel_size = 2
+args = ["--max-model-len", "256", "--dtype", "float32", "--max-num-seqs", "4", "--enforce-eager"]
+
+[server.env]
+HF_HUB_OFFLINE = "1"
+TRANSFORMERS_OFFLINE = "1"
+VLLM_TARGET_DEVICE = "cpu"
+VLLM_CPU_KVCACHE_SPACE = "1"
+TMPDIR = "{scratch / "tmp"}"
+VLLM_CACHE_ROOT = "{scratch / "cache"}"
+TORCHINDUCTOR_CACHE_DIR = "{scratch / "inductor"}"
+
+[preflight]
+gpus_free = false
+
+[expect]
+load_time = "2m"
+""")
+    for sub in ("tmp", "cache", "inductor"):
+        (scratch / sub).mkdir(parents=True, exist_ok=True)
+    return load_profile(path)
+
+
+async def test_native_two_nodes_join_by_vllms_headless_line_serve_and_a_killed_worker_is_dead(
+        tmp_path: Path, scratch: Path, lane_dir: Path, via_ssh: str, figures: dict[str, Any],
+        sweep: list[str]) -> None:
+    group = ClusterRun(two_node_profile(tmp_path, scratch, lane_dir, via_ssh))
+    events = group.subscribe()
+    seen: list[Any] = []
+    try:
+        started = time.monotonic()
+        await group.start()
+        sweep.extend(s.run.run_id for s in group.sups.values() if s.run is not None)
+        await until_event(events, lambda e: isinstance(e, MemberEvent) and e.member == "server"
+                          and isinstance(e.event, Ready), READY_TIMEOUT, "READY", seen)
+        figures["native 2 nodes: launch to READY (s)"] = round(time.monotonic() - started, 1)
+        joined = [e for e in seen if isinstance(e, Joined)]
+        assert [j.member for j in joined] == ["node-1"]
+        figures["native 2 nodes: node-1 joined after (s)"] = round(joined[0].after, 1)
+        node = group.sups["node-1"]
+        assert node.run is not None
+        log = (Path(node.run.run_dir) / "server.log").read_text(errors="replace").splitlines()
+        joins = [i for i, line in enumerate(log) if HEADLESS_JOINED.search(line)]
+        ranks = [i for i, line in enumerate(log) if "is assigned as" in line]
+        assert joins and ranks and joins[0] < ranks[0], "the join is vLLM's own headless line"
+        port = group.server.profile.server.port
+        answer = complete(port, str(group.server.profile.server.model))
+        assert answer["usage"]["completion_tokens"] == 16
+        workers = [p for p in psutil.Process(node.run.pid).children(recursive=True)
+                   if p.cmdline()[:1] and p.cmdline()[0].startswith("VLLM::Worker")]
+        assert len(workers) == 1, workers  # TP 2 over 2 nodes: one rank here
+        victim = workers[0].pid
+        watch = DeathWatch(node.run.run_id).start()  # the kernel's word, independent of ours
+        while victim not in watch.names:
+            await asyncio.sleep(0.05)
+        killed_at = time.time()
+        os.kill(victim, signal.SIGKILL)
+        died = await until_event(events, lambda e: isinstance(e, RunDied), 10, "DEAD", seen)
+        dead_at = time.time()
+        deadline = time.monotonic() + 10
+        while victim not in watch.deaths and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        watch.stop()
+        exited = watch.deaths[victim]  # the moment its pidfd said so: the exit is complete
+        figures["native 2 nodes: the run's death"] = died.death.summary()
+        figures["native 2 nodes: SIGKILL of node-1's worker to its exit (pidfd, ms)"] = round(
+            (exited - killed_at) * 1000)
+        dead_ms = round((dead_at - exited) * 1000)
+        # the signal when the agent read the zombie before vLLM's node process reaped it,
+        # else unknown (the agent is not the worker's parent): never another code
+        assert (died.member, died.death.pid) == ("node-1", victim), died
+        assert died.death.signal in (9, None) and died.death.code is None, died
+        figures["native 2 nodes: node-1's worker's exit to the run's DEAD (ms)"] = dead_ms
+        assert dead_ms < 1000
+        found = group.death()
+        assert found is not None and found[1].pid == victim
+        assert found[1].cause is None, "the head's errors about its lost peer are symptoms"
+        kill_started = time.monotonic()
+        killed = await group.kill(grace=10)
+        figures["native 2 nodes: kill (s)"] = round(time.monotonic() - kill_started, 1)
+        assert not any(k.remaining for k in killed.values()), killed
+        assert all(carriers(s.run.run_id) == [] for s in group.sups.values() if s.run)
+        assert port_free(port)
+    finally:
+        await group.close()

@@ -5,7 +5,8 @@ Stdlib only, so it runs on a fresh machine with nothing but Python 3.10+. Debian
 lacks ensurepip unless python3-venv is installed; then the venv is made without pip and pip's
 wheel is fetched from PyPI. Re-running is cheap: the install is skipped while pyproject.toml
 is unchanged. The vLLM lane's own environment (3.5 GB) lives outside the repository, made and
-reused by tests/vllm_lane/setup_env.py.
+reused by tests/vllm_lane/setup_env.py; the fault lab's Ray environment likewise, by
+ensure_lab_env (in $SPECCONSOLE_LAB_ENV or ~/.cache/specconsole/lab-ray).
 """
 
 from __future__ import annotations
@@ -144,6 +145,66 @@ def ensure_packages(tools: dict[str, str]) -> str | None:
     return f"still missing after apt-get: {', '.join(still)}" if still else None
 
 
+# The lab's Ray environment: a real Ray (the CPU wheel from the package index) for the
+# multi-host Ray cases, the agent's modules, and this checkout (editable: the simulated engine
+# the hosts run, whose ranks become Ray actors). Made once outside the repository, reused.
+LAB_ENV_VAR = "SPECCONSOLE_LAB_ENV"
+LAB_RAY = ("ray[default]==2.60.0", "psutil", "nvidia-ml-py")
+
+
+def lab_env_dir() -> Path:
+    configured = os.environ.get(LAB_ENV_VAR)
+    return Path(configured).expanduser() if configured else (
+        Path.home() / ".cache" / "specconsole" / "lab-ray")
+
+
+def _step(argv: list[str], what: str) -> str | None:
+    """None when the step succeeded, else one line: what failed and pip's last word."""
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode == 0:
+        return None
+    noise = ("is ignored: it is neither a file nor a directory", "[notice]")
+    said = [ln.strip() for ln in (done.stderr + done.stdout).splitlines()
+            if ln.strip() and not any(n in ln for n in noise)]
+    return f"{what} failed (exit {done.returncode}): {said[-1] if said else 'no output'}"
+
+
+def ensure_lab_env() -> tuple[Path | None, str]:
+    """Make or reuse the lab's Ray venv (lab_env_dir()/venv); (its directory, what was done)
+    or (None, why not, one line). Reused while its stamp (the requirements, this checkout,
+    pyproject.toml) matches and it still imports ray, psutil, pynvml and this checkout's tui."""
+    root = lab_env_dir()
+    env = root / "venv"
+    python = env / "bin" / "python"
+    stamp = env / ".specconsole-lab"
+    digest = hashlib.sha256("\n".join([*LAB_RAY, str(ROOT)]).encode()
+                            + (ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    probe = [str(python), "-c", "import ray, psutil, pynvml, tui; print(tui.__file__)"]
+    if stamp.exists() and stamp.read_text() == digest and (env / "bin" / "ray").exists():
+        done = subprocess.run(probe, capture_output=True, text=True)
+        if done.returncode == 0 and done.stdout.strip().startswith(str(ROOT)):
+            return root, "reused"
+    started = time.monotonic()
+    print(f"bootstrap: making the lab's Ray environment in {env}", flush=True)
+    if not python.exists():
+        try:
+            venv.EnvBuilder(with_pip=True, clear=True).create(env)
+        except (subprocess.CalledProcessError, OSError) as exc:
+            return None, f"cannot create the venv {env}: {exc}"
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    for argv, what in ((([*pip, *LAB_RAY]), f"pip install {' '.join(LAB_RAY)}"),
+                       ([*pip, "--no-deps", "-e", str(ROOT)], "pip install -e (this checkout)")):
+        why = _step(argv, what)
+        if why is not None:
+            return None, why
+    done = subprocess.run(probe, capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["?"])[-1]
+        return None, f"the lab's Ray environment does not import: {last}"
+    stamp.write_text(digest)
+    return root, f"made in {time.monotonic() - started:.0f} s"
+
+
 def run_lab_lane(extra_args: list[str]) -> int:
     """The fault lab: real sshd hosts in network namespaces, faults injected mid-load. A setup
     failure is its one line and exit 1; the figures the tests measured are printed."""
@@ -152,11 +213,17 @@ def run_lab_lane(extra_args: list[str]) -> int:
     if why is not None:
         print(f"lab lane setup: {why}", file=sys.stderr)
         return 1
+    lab_env, how = ensure_lab_env()
+    if lab_env is None:
+        print(f"lab lane setup: {how}", file=sys.stderr)
+        return 1
+    print(f"lab lane: Ray environment {lab_env} ({how})", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         figures = Path(tmp) / "figures.json"
         code = subprocess.run(
             [str(_python()), "-m", "pytest", "-m", "lab", "tests/lab", *extra_args], cwd=ROOT,
-            env={**os.environ, "SPECCONSOLE_LAB": "1",
+            env={**os.environ, "SPECCONSOLE_LAB": "1", LAB_ENV_VAR: str(lab_env),
+                 "SPECCONSOLE_VENV": str(VENV),
                  "SPECCONSOLE_LAB_FIGURES": str(figures)}).returncode
         if figures.exists():
             for name, value in sorted(json.loads(figures.read_text()).items()):

@@ -36,12 +36,14 @@ PROXY_PORT = 2200
 CONNECT_TIMEOUT_S = 5
 _PARTITION = "specconsole_partition"  # one nft table per fault: a partition during loss
 _LOSS = "specconsole_loss"  # heals back to the loss
-_PYTHON = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python")
 
 
 def lab_python() -> str:
-    """The interpreter remote commands use: the project's venv (it has psutil), else ours."""
-    return _PYTHON if os.access(_PYTHON, os.X_OK) else sys.executable
+    """The interpreter remote commands use: the project's environment (it has psutil) where
+    `python3 -m tui.bootstrap` made it ($SPECCONSOLE_VENV), else the one running the tests."""
+    configured = os.environ.get("SPECCONSOLE_VENV")
+    python = str(Path(configured) / "bin" / "python") if configured else ""
+    return python if python and os.access(python, os.X_OK) else sys.executable
 
 
 def missing_requirements() -> str | None:

@@ -36,7 +36,23 @@ pytestmark = pytest.mark.lab
 ROOT = Path(__file__).resolve().parents[2]
 EXIT_ERROR = 1  # the README's `wait` table: error (connection, agent), one line with the fix
 EXIT_READY = 0
-SITE = next((ROOT / ".venv" / "lib").glob("python3*/site-packages"), None)
+
+
+def _site_packages() -> Path | None:
+    """The project environment's site-packages, wherever it is: $SPECCONSOLE_VENV (as
+    tui/bootstrap.py reads it), else the environment running the tests (sys.prefix), else the
+    checkout's .venv; the first that holds psutil."""
+    configured = os.environ.get("SPECCONSOLE_VENV")
+    for prefix in (Path(configured) if configured else None, Path(sys.prefix), ROOT / ".venv"):
+        if prefix is None:
+            continue
+        for site in sorted((prefix / "lib").glob("python3*/site-packages")):
+            if (site / "psutil").exists():
+                return site
+    return None
+
+
+SITE = _site_packages()
 ProfileFactory = Callable[..., Path]
 
 
@@ -181,7 +197,8 @@ def _bare_python(where: Path, *modules: str) -> str:
     subprocess.run(["python3", "-m", "venv",
                     "--without-pip", str(where)], check=True, timeout=60)
     if modules:
-        assert SITE is not None
+        assert SITE is not None, ("no site-packages with psutil under $SPECCONSOLE_VENV, "
+                                  f"{sys.prefix} or {ROOT / '.venv'}")
         only = where / "only"
         only.mkdir()
         for module in modules:
@@ -210,11 +227,16 @@ def test_remote_python_without_psutil(lab: Lab, lab_profile: ProfileFactory, tmp
 def test_remote_python_without_pynvml(lab: Lab, lab_profile: ProfileFactory, tmp_path: Path,
                                       lab_figures: dict[str, Any]) -> None:
     """psutil but no pynvml: a real profile is refused by `check` in one line naming pynvml
-    (and not psutil, which is there); a simulated one passes, on the fake NVML it ships."""
+    (and not psutil, which is there); a simulated one passes on the simulation's Python fake
+    of pynvml (tui/sim/fakenvml; the C stand-in the other tests use needs the real
+    nvidia-ml-py, as a GPU host's NVML does)."""
     python = _bare_python(tmp_path / "half", "psutil")
     simulated = lab_profile(name="no-pynvml-sim", python=python)
     real = tmp_path / "no-pynvml.toml"
     real.write_text(simulated.read_text().split("[simulate]")[0])
+    fake = ROOT / "tui" / "sim" / "fakenvml"
+    simulated.write_text(re.sub(r'(?m)^nvml = ".*"$', f'nvml = "{fake}"',
+                                simulated.read_text()))
     line = _one_line(_cli("check", str(real)), lab, python, "cannot import pynvml",
                      "host.python")
     assert "psutil (" not in line and "psutil," not in line, line

@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import os
 
+# Ray's daemons by the script or module they run (Ray 2.x): the names Ray's own logs and
+# `ray status` use for them
+_RAY_SCRIPTS = (("ray/_private/log_monitor.py", "log_monitor"),
+                ("ray/autoscaler/_private/monitor.py", "monitor"),
+                ("ray/dashboard/dashboard.py", "dashboard"),
+                ("ray/dashboard/agent.py", "DashboardAgent"),
+                ("ray/_private/runtime_env/agent/main.py", "RuntimeEnvAgent"),
+                ("ray.util.client.server", "ray_client_server"))
+_RAY_BINARIES = ("gcs_server", "raylet", "plasma_store", "redis-server")
+
 
 def vllm_name(argv: list[str] | None, comm: str, top: bool) -> str:
     """The name vLLM gives a process: its title `VLLM::EngineCore_DP0` -> "EngineCore_DP0";
     SGLang's likewise (`sglang::scheduler_TP3` -> "scheduler_TP3"), its launcher "SGLangServer";
-    a Ray actor's by its class (`ray::RayWorkerWrapper.execute_method` -> "RayWorkerWrapper")."""
+    a Ray actor's by its class (`ray::RayWorkerWrapper.execute_method` -> "RayWorkerWrapper",
+    `ray::DashboardAgent`; a worker without an actor yet, `ray::IDLE`, is "IDLE"); Ray's daemons
+    as Ray names them (see ray_name)."""
     argv = argv or []
     first = argv[0].strip() if argv else ""
     for title, engine in (("VLLM::", "VLLM"), ("sglang::", "sglang"), ("ray::", "ray")):
@@ -17,6 +29,9 @@ def vllm_name(argv: list[str] | None, comm: str, top: bool) -> str:
             return rest[0].split(".")[0] if rest else engine
         if comm.startswith(title):
             return comm[len(title):] or engine
+    found = ray_name(argv, first)
+    if found is not None:
+        return found
     joined = " ".join(argv)
     if top and _looks_like_server(argv):
         return "SGLangServer" if _is_sglang(argv) else "APIServer"
@@ -44,3 +59,29 @@ def _is_sglang(argv: list[str]) -> bool:
         return True
     at = argv.index("--sim-engine") + 1 if "--sim-engine" in argv else 0
     return at > 0 and argv[at:at + 1] == ["sglang"]
+
+
+
+
+def ray_name(argv: list[str], first: str) -> str | None:
+    """Ray's own processes: `ray start` (the command a launch runs), its binaries (gcs_server,
+    raylet), its Python daemons by script (log_monitor, monitor, dashboard, DashboardAgent,
+    RuntimeEnvAgent before they retitle, ray_client_server), the dashboard's module processes by
+    their title (`ray-dashboard-NodeHead-0 (...)`) and their forkserver; None for the rest."""
+    if first.startswith("ray-dashboard-"):
+        return first.split()[0]
+    if not argv:
+        return None
+    base = os.path.basename(first)
+    if base in _RAY_BINARIES:
+        return base
+    for i, arg in enumerate(argv[:3]):
+        if os.path.basename(arg) == "ray" and argv[i + 1 : i + 2] == ["start"]:
+            return "ray start"
+    for arg in argv[:4]:
+        for script, name in _RAY_SCRIPTS:
+            if arg.endswith(script) or arg == script:
+                return name
+    if "multiprocessing.forkserver" in " ".join(argv) and "'ray.dashboard" in " ".join(argv):
+        return "ray-dashboard-forkserver"
+    return None

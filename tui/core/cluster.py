@@ -6,6 +6,12 @@ the head) or its own multi-node launch (`vllm serve --nnodes N --node-rank R --m
 other nodes `--headless`). Each member is one process tree on one host, launched and watched like
 a single-host run (its own derived Profile), in the order given here; a member with a `joined`
 pattern must print it before the next member starts.
+
+A simulated profile (`[simulate]`) runs the simulated engine everywhere; its Ray is the
+simulated one (`tui.sim.ray`) unless `[cluster] ray` names a Ray command of its own: then the
+members run that real `ray start`, with the simulated GPUs declared as Ray's (`--num-gpus`),
+and the simulated engine core places its ranks as real Ray actors on that cluster
+(`tui/sim/ray_actors.py`, told so by REAL_RAY_ENV).
 """
 
 from __future__ import annotations
@@ -18,9 +24,23 @@ from tui.core.command import build_server_argv, host_python
 from tui.core.errors import ProfileError
 from tui.core.profile import NodeConfig, Profile
 
+# `ray start` prints it (Ray 2.x, green, between dashes) once its node is up: the head's once
+# its GCS and raylet run, another's once its raylet has registered with the head's GCS
 RAY_JOINED = re.compile(r"Ray runtime started")
-# a headless node has joined once its workers run: their first line carries their prefix
-HEADLESS_JOINED = re.compile(r"\((?:Worker|VllmWorker)\S* pid=\d+\)")
+DEFAULT_RAY = ("ray",)  # ClusterConfig.ray's default: a simulated profile simulates it
+# the environment that puts the simulated engine on a real Ray cluster (tui/sim/ray_actors.py
+# reads the same names; a test keeps them equal)
+REAL_RAY_ENV = "SPECCONSOLE_SIM_REAL_RAY"
+SIM_SCENARIO_ENV = "SPECCONSOLE_SIM_SCENARIO"
+# A headless node has joined once vLLM's headless entry point runs it (vllm/entrypoints/cli/
+# serve.py, run_headless): multi-node TP/PP (0.11+) says "Launching vLLM (vX) headless multiproc
+# executor, with head node address A:P for torch.distributed process group.", data-parallel
+# headless "Launching N data parallel engine(s) in headless mode, with head node address ...".
+# Its config is then valid and its workers start. The rendezvous itself (each worker's "rank R
+# in world size W is assigned as ...") completes only once every node is up, so waiting for it
+# node by node would never end past two nodes.
+HEADLESS_JOINED = re.compile(r"headless multiproc executor, with head node address|"
+                             r"data parallel engine\(s\) in headless mode")
 SERVER = "server"
 
 
@@ -57,13 +77,14 @@ def members(profile: Profile) -> list[Member]:
     if cluster.backend == "ray":
         ray_at = f"{address}:{port}"
         out = [Member("ray-head", head, _node_profile(profile, head, "ray-head", _ray(
-            profile, head, ["--head", f"--port={port}"]), port), RAY_JOINED)]
+            profile, head, ["--head", f"--port={port}"]), port, _ray_env(profile, head)),
+            RAY_JOINED)]
         out += [Member(f"ray-node-{i}", node, _node_profile(profile, node, f"ray-node-{i}", _ray(
-            profile, node, [f"--address={ray_at}"]), None), RAY_JOINED)
+            profile, node, [f"--address={ray_at}"]), None, _ray_env(profile, node)), RAY_JOINED)
                 for i, node in enumerate(others, 1)]
         server = _server_argv(profile, head, ["--distributed-executor-backend", "ray"])
-        out.append(Member(SERVER, head, _server_profile(profile, head, server,
-                                                        {"RAY_ADDRESS": ray_at})))
+        env = {"RAY_ADDRESS": ray_at, **({REAL_RAY_ENV: "1"} if real_ray(profile) else {})}
+        out.append(Member(SERVER, head, _server_profile(profile, head, server, env)))
         return out
     n = len(profile.nodes)
 
@@ -124,14 +145,25 @@ def _server_argv(profile: Profile, node: NodeConfig, extra: list[str]) -> tuple[
     return (*argv[:sim_at], *extra, *argv[sim_at:])
 
 
+def real_ray(profile: Profile) -> bool:
+    """Whether the members run a real `ray start`: always for a real profile; for a simulated
+    one when `[cluster] ray` names a Ray command of its own (see the module docstring)."""
+    cluster = profile.cluster
+    return cluster is not None and cluster.backend == "ray" and (
+        profile.simulate is None or cluster.ray != DEFAULT_RAY)
+
+
 def _ray(profile: Profile, node: NodeConfig, how: list[str]) -> tuple[str, ...]:
-    """`ray start ... --block` on a host (the simulated Ray when the profile simulates)."""
+    """`ray start ... --block` on a host (the simulated Ray when the profile simulates, unless
+    it names a real one: then with the host's simulated GPUs as Ray's GPUs)."""
     local = _on_host(profile, node)
     sim = local.simulate
     assert profile.cluster is not None
     own = [*how, f"--node-ip-address={node.reached_at}"]
     if sim is None:
         return (*profile.cluster.ray, "start", *own, "--block")
+    if real_ray(profile):
+        return (*profile.cluster.ray, "start", *own, f"--num-gpus={sim.gpus}", "--block")
     argv = [host_python(local), "-m", "tui.sim.ray", "start", *own, "--num-gpus", str(sim.gpus),
             "--block", "--sim-gpu-state", str(sim.gpu_state)]
     if profile.simulate is not None and profile.simulate.fault_host is not None:
@@ -147,11 +179,21 @@ def _server_profile(profile: Profile, node: NodeConfig, argv: tuple[str, ...],
         **local.server.env, **env}, tensor_parallel_size=per_host))
 
 
+def _ray_env(profile: Profile, node: NodeConfig) -> dict[str, str]:
+    """A real Ray node under the simulated engine: the scenario its actors play when only one
+    host plays the fault (Ray's workers inherit the node's environment, as they inherit
+    SPECCONSOLE_RUN_ID and the node's $SPECCONSOLE_SIM_GPU_STATE)."""
+    sim = profile.simulate
+    if sim is None or sim.fault_host is None or not real_ray(profile):
+        return {}
+    return {SIM_SCENARIO_ENV: _scenario(profile, node) or sim.scenario}
+
+
 def _node_profile(profile: Profile, node: NodeConfig, name: str, argv: tuple[str, ...],
-                  port: int | None) -> Profile:
+                  port: int | None, env: dict[str, str] | None = None) -> Profile:
     """A member that serves nothing itself: named after the run, its preflight checks the
     GPUs (and the rendezvous port on the head), never the server's port."""
-    local = _server_profile(profile, node, argv, {})
+    local = _server_profile(profile, node, argv, env or {})
     preflight = replace(local.preflight, port_free=port is not None and local.preflight.port_free)
     return replace(local, name=f"{profile.name}.{name}", preflight=preflight,
                    server=replace(local.server, port=port or local.server.port),

@@ -2,7 +2,9 @@
 
 Native: the engine core listens on the master port, and each node that joins gets its ranks at
 once (they wait at the rendezvous for `go`). Ray: the engine core is a driver of the Ray head at
-$RAY_ADDRESS and has it place every rank, waiting for GPUs as vLLM waits for its placement group.
+$RAY_ADDRESS and has it place every rank, waiting for GPUs as vLLM waits for its placement group;
+on a real Ray cluster ($SPECCONSOLE_SIM_REAL_RAY=1) the ranks are real Ray actors instead
+(`tui/sim/ray_actors.py`).
 Either way each remote rank is a `RemoteRank`, which the engine core follows like a local
 worker's Popen and status pipe.
 """
@@ -34,6 +36,7 @@ from tui.sim.cluster import (
 from tui.sim.runtime import Runtime, SimClock
 from tui.sim.simlog import SimLog
 
+REAL_RAY_ENV = "SPECCONSOLE_SIM_REAL_RAY"  # as tui.sim.ray_actors.REAL_RAY_ENV
 PG_WAIT_TIMEOUT = 60  # simulated seconds vLLM waits for a placement group (as in vLLM 0.4)
 # the fields of the engine core's config that every rank shares; each node adds its own
 SHARED = ("t0", "scale", "shift", "scenario", "model", "tp", "spec", "max_model_len",
@@ -168,6 +171,11 @@ class Executor:
     def _place(self, cfg: Message) -> None:
         """Connect to the Ray head as a driver and have it place the ranks, waiting for GPUs
         as vLLM waits for its placement group (then failing like vLLM)."""
+        if os.environ.get(REAL_RAY_ENV) == "1":  # a real Ray cluster: ranks as Ray actors
+            from tui.sim import ray_actors
+
+            self.ranks = ray_actors.place(self, cfg)
+            return
         address = os.environ.get("RAY_ADDRESS")
         if not address:
             raise ConnectionError(

@@ -14,6 +14,10 @@ ranks placed on it as `ray::RayWorkerWrapper` processes in sessions of their own
 raylet does: they inherit the node's environment and write to its stdout under Ray's prefix,
 and only the node itself stops them. --sim-scenario overrides the driver's scenario for this
 node's workers.
+
+This stands in for Ray only where a simulated profile leaves `[cluster] ray` at its default;
+naming a real Ray there runs the real `ray start` instead, and the simulated engine's ranks
+become real Ray actors on it (`tui/sim/ray_actors.py`).
 """
 
 from __future__ import annotations
