@@ -1,10 +1,10 @@
 """Redraw screenshots/*.svg from the demo: `.venv/bin/python screenshots/make_screenshots.py`.
 
 Each picture is the real console on the simulated engine (no GPU, no SSH), captured headless at
-the moment it shows: loading, ready, dead, the kill confirmation, the 80x24 layout, the stacks
-pane (key d, py-spy of the simulated engine's real processes), and the fleet of three demo runs
-(vLLM, SGLang, the story). Re-run
-it whenever the look changes; the README shows these files.
+the moment it shows: loading, ready, serving (the readout after a few scrapes of /metrics),
+dead, the kill confirmation, the 80x24 layout, the stacks pane (key d, py-spy of the simulated
+engine's real processes), and the fleet of three demo runs (vLLM, SGLang, the story). Re-run it
+whenever the look changes; the README shows these files.
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from textual.pilot import Pilot  # noqa: E402
+from textual.pilot import Pilot
 
-from tui.console.app import ConsoleApp  # noqa: E402
-from tui.console.screens.stacks import StacksScreen  # noqa: E402
-from tui.core.phases import Phase  # noqa: E402
-from tui.core.profile import Profile  # noqa: E402
-from tui.core.state import State  # noqa: E402
-from tui.supervise.runs import SingleRun  # noqa: E402
-from tui.sim.demo import demo_profile  # noqa: E402
-from tui.supervise.supervisor import Supervisor  # noqa: E402
+from tui.console.app import ConsoleApp
+from tui.console.screens.stacks import StacksScreen
+from tui.core.phases import Phase
+from tui.core.profile import Profile
+from tui.core.state import State
+from tui.sim.demo import demo_profile
+from tui.supervise.runs import SingleRun
+from tui.supervise.supervisor import Supervisor
 
 HERE = Path(__file__).resolve().parent
 
@@ -56,6 +56,8 @@ async def shoot(scenario: str, size: tuple[int, int], shots: list[str]) -> None:
                 await _until(pilot, lambda: _loading(app))
             elif shot == "ready":
                 await _until(pilot, lambda: state.state is State.READY)
+            elif shot == "serving":
+                await _until(pilot, lambda: len(state.serving.samples) >= 8)
             elif shot == "dead":
                 await _until(pilot, lambda: state.state is State.DEAD)
             elif shot == "kill-confirm":
@@ -101,7 +103,7 @@ async def shoot_fleet() -> None:
 
 async def main() -> None:
     await shoot_fleet()
-    await shoot("ready", (200, 50), ["loading", "ready", "kill-confirm"])
+    await shoot("ready", (200, 50), ["loading", "ready", "serving", "kill-confirm"])
     await shoot("syntax-error", (200, 50), ["dead"])
     await shoot("ready", (80, 24), ["narrow-80x24"])
     await shoot("hang", (200, 50), ["stacks"])

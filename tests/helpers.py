@@ -120,9 +120,10 @@ def count_lines(lines: Sequence[Any], log: Path) -> LineCount:
 
 
 def sim_server(tmp: Path, scenario: str, time_scale: float, *, load_time: str = "25m",
-               stall: str = "30s", gpus: int = 8) -> str:
+               stall: str = "30s", gpus: int = 8, probe: str = "1s") -> str:
     """The profile's tables after [host] for the simulated engine: Kimi-K2.5 at TP 8 with an
-    EAGLE-3 drafter, preflight's file checks off, its fake GPUs under `tmp`."""
+    EAGLE-3 drafter, preflight's file checks off, its fake GPUs under `tmp`; once READY the
+    agent asks the server every `probe` (the tests' runs serve for seconds, not weeks)."""
     return f"""
 [server]
 engine = "vllm"
@@ -142,6 +143,7 @@ paths_exist = false
 [expect]
 load_time = "{load_time}"
 stall_timeout = "{stall}"
+serving_probe_interval = "{probe}"
 
 [simulate]
 scenario = "{scenario}"

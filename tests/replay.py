@@ -21,11 +21,12 @@ from tui.core.protocol import (
     Gpus,
     Health,
     LogChunk,
+    Metrics,
     ProcExit,
     ProcInfo,
     Procs,
 )
-from tui.supervise.supervisor import RunInfo, RunStarted, Supervisor
+from tui.supervise.supervisor import RunInfo, RunStarted, SmokeDone, Supervisor
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GIB = 2**30
@@ -63,6 +64,11 @@ class ReplaySupervisor(Supervisor):
             self.pinned.now = self.t0 + at
             self._dispatch(event)
         return self.run
+
+    async def _smoke(self) -> None:
+        """The recorded server's answer: no request leaves the test (the profile's host is not
+        reachable, and a DNS failure's wording would differ from machine to machine)."""
+        self._emit([SmokeDone(True, 0.42, 16, "Hello! How can I help you today?")])
 
     async def close(self) -> None:
         self._closing = True
@@ -128,6 +134,37 @@ def ready_script() -> Script:
     script.append((last, _tree(2741, 2903, WORKERS, t0, last)))
     script.append((last + 0.5, Health(True, "/health", 200, t0 + last + 0.5)))
     script.append((last + 0.6, Health(True, "/v1/models", 200, t0 + last + 0.6)))
+    return script, pid, t0
+
+
+def _metrics(t0: float, at: float, running: int, waiting: int, kv: float, prompt: int,
+             gen: int, queries: int, hits: int, drafted: int, accepted: int) -> Metrics:
+    """A scrape of vLLM's /metrics as the agent sends it (its `vllm:` lines, no buckets)."""
+    labels = 'engine="0",model_name="Kimi-K2.5"'
+    lines = [f"vllm:num_requests_running{{{labels}}} {running}",
+             f"vllm:num_requests_waiting{{{labels}}} {waiting}",
+             f"vllm:kv_cache_usage_perc{{{labels}}} {kv}",
+             f"vllm:prompt_tokens_total{{{labels}}} {prompt}",
+             f"vllm:generation_tokens_total{{{labels}}} {gen}",
+             f"vllm:prefix_cache_queries_total{{{labels}}} {queries}",
+             f"vllm:prefix_cache_hits_total{{{labels}}} {hits}",
+             f"vllm:num_preemptions_total{{{labels}}} 2",
+             f"vllm:spec_decode_num_drafts_total{{{labels}}} {drafted // 3}",
+             f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {drafted}",
+             f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {accepted}"]
+    return Metrics("/metrics", "\n".join(lines), t0 + at)
+
+
+def serving_script() -> Script:
+    """Ready, then serving: six scrapes of /metrics ten seconds apart, traffic rising."""
+    script, pid, t0 = ready_script()
+    _, last = _end(script)
+    for i in range(7):
+        at = last + 2 + 10 * i
+        script.append((at, _metrics(t0, at, 4 + 3 * i, i // 3, 0.05 + 0.06 * i,
+                                    20_000 + 18_000 * i * i, 5_000 + 4_200 * i * i,
+                                    20_000 + 18_000 * i * i, 9_000 * i * i,
+                                    3_000 * i * i, 2_100 * i * i)))
     return script, pid, t0
 
 

@@ -697,9 +697,17 @@ def test_health_changes_and_stops_after_the_run(runs) -> None:
 class _CountingHealth(BaseHTTPRequestHandler):
     asked: ClassVar[dict[str, int]] = {}
     models_ok = True
+    metrics_ok = True
 
     def do_GET(self) -> None:
         type(self).asked[self.path] = type(self).asked.get(self.path, 0) + 1
+        if self.path == "/metrics":
+            body = b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3.0\n" \
+                b"other_metric 1.0\n"
+            self.send_response(200 if type(self).metrics_ok else 500)
+            self.end_headers()
+            self.wfile.write(body)
+            return
         self.send_response(200 if self.path == "/health" or type(self).models_ok else 404)
         self.end_headers()
 
@@ -707,24 +715,41 @@ class _CountingHealth(BaseHTTPRequestHandler):
         pass
 
 
-def test_a_healthy_server_is_asked_its_later_paths_every_tenth_tick(runs) -> None:
-    """/health every tick; /v1/models, once it answered, every CONFIRM_EVERY ticks (half the
-    agent's requests): a model that stops being served is still noticed within those ticks."""
-    handler = type("Handler", (_CountingHealth,), {"asked": {}, "models_ok": True})
+def test_once_healthy_one_request_a_tick_metrics_first(runs) -> None:
+    """Until healthy every path each `interval`; then one request a serving tick: /metrics
+    (only the asked-for prefixes come back), /health every HEALTH_EVERY ticks, /v1/models every
+    CONFIRM_EVERY (a model no longer served is still noticed within them); when /metrics fails,
+    /health every tick."""
+    from tui.agent.health import CONFIRM_EVERY, HEALTH_EVERY
+
+    handler = type("Handler", (_CountingHealth,), {"asked": {}})
     server = _health_server(handler)
     run_dir, _ = runs(SLEEPER)
-    agent = Agent("watch", watch_spec(run_dir, health=_health_spec(server, 0.05)))
+    tick = 0.05  # the agent's floor
+    spec = watch_spec(run_dir, health={**_health_spec(server, tick), "serving_interval": tick},
+                      metrics={"path": "/metrics", "prefixes": ["vllm:"]})
+    agent = Agent("watch", spec)
     try:
-        agent.next("health", lambda m: m["path"] == "/v1/models" and m["ok"])
-        wait_for(lambda: handler.asked.get("/health", 0) >= 40, what="40 health ticks")
-        asked = dict(handler.asked)
-        assert asked["/v1/models"] <= asked["/health"] // 10 + 2, asked
-        assert asked["/v1/models"] >= 3, asked  # still confirmed now and then
+        _, scraped = agent.next("metrics")
+        assert scraped["text"] == "vllm:num_requests_running 3.0"  # no comment, no other prefix
+        before = dict(handler.asked)
+        wait_for(lambda: handler.asked["/metrics"] - before["/metrics"] >= 4 * CONFIRM_EVERY,
+                 what=f"{4 * CONFIRM_EVERY} scrapes")
+        asked = {k: v - before.get(k, 0) for k, v in handler.asked.items()}
+        ticks = asked["/metrics"]
+        assert ticks // HEALTH_EVERY - 2 <= asked["/health"] <= ticks // HEALTH_EVERY + 2, asked
+        assert ticks // CONFIRM_EVERY - 1 <= asked["/v1/models"] <= ticks // CONFIRM_EVERY + 1
         handler.models_ok = False
         started = time.monotonic()
         _, lost = agent.next("health", lambda m: m["path"] == "/v1/models")
         assert (lost["ok"], lost["status"]) == (False, 404)
-        assert time.monotonic() - started < 10 * 0.05 + 1.0
+        assert time.monotonic() - started < CONFIRM_EVERY * tick + 1.5
+        handler.models_ok, handler.metrics_ok = True, False
+        agent.next("health", lambda m: m["path"] == "/v1/models" and m["ok"])
+        before = dict(handler.asked)
+        wait_for(lambda: handler.asked["/metrics"] - before["/metrics"] >= 30, what="30 ticks")
+        failing = {k: v - before.get(k, 0) for k, v in handler.asked.items()}
+        assert failing["/health"] >= failing["/metrics"] - 2, failing  # each failed tick
     finally:
         assert agent.close() == 0
         server.shutdown()

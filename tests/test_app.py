@@ -406,7 +406,6 @@ async def test_history_eta_smoke_and_spec_decoding_on_screen(tmp_path: Path,
                           phases=(("reading config", 1.0, 300.0), ("loading weights", 301.0,
                                                                    900.0))))
     sup = Supervisor(profile, history=history)
-    sup.metrics_interval = 1.0
     app = ConsoleApp(sup, kill_grace=1.0)
     async with app.run_test(size=(200, 50)) as pilot:
         await until(pilot, lambda: sup.run is not None, what="launch")

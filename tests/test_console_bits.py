@@ -176,3 +176,31 @@ def test_a_failed_smoke_request_is_up_but_not_serving() -> None:
     alert = next(m for m in served if isinstance(m, AlertRaised))
     assert alert.kind == "ready" and "answered in 0.42s, 16 tokens" in alert.title
     assert alert.detail == "“Hello there.”"
+
+
+@pytest.mark.parametrize(("nvml_ok", "error", "shown"), [
+    (False, "no NVML on this host (libnvidia-ml.so.1 not found)",
+     "no NVML on this host (libnvidia-ml.so.1 not found): no GPU data will come"),
+    (True, None, "no GPU data yet"),
+])
+def test_the_gpu_pane_tells_no_nvml_from_no_data_yet(nvml_ok: bool, error: str | None,
+                                                    shown: str) -> None:
+    """A host whose agent said it has no NVML (a CPU build, no driver) says so and that no
+    data will come; a host with NVML whose first sample has not arrived says "yet"."""
+    from tui.console.bridge import Bridge
+    from tui.console.messages import GpusChanged
+    from tui.console.widgets.gpus import GpuPane
+    from tui.core.protocol import Hello
+    from tui.supervise.supervisor import AgentHello
+
+    bridge = Bridge(Supervisor(load_profile(PROFILES / "demo.toml")))
+    hello = Hello("1", "3.11", "5.9", "12.0" if nvml_ok else None, nvml_ok, error,
+                  8 if nvml_ok else 0, "gpu-a", True, 0.0)
+    changed = next(m for m in bridge.translate([AgentHello(hello)], 0.0)
+                   if isinstance(m, GpusChanged))
+    pane = GpuPane()
+    pane.on_gpus_changed(changed)
+    text = pane.render()
+    assert changed.rows == ()
+    assert text.plain.startswith(shown)
+    assert ("no GPU data will come" in text.plain) is (not nvml_ok)

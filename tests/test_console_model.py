@@ -18,7 +18,7 @@ from tui.core.phases import Phase
 from tui.core.proctree import ProcTree
 from tui.core.protocol import GpuInfo, GpuProc, Gpus, Health, ProcInfo, Procs
 from tui.core.state import Death, LaunchMachine, Ready, Stalled, State
-from tui.core.status import RunView, status_line, timeline_rows
+from tui.core.status import STARTING, RunView, status_line, timeline_rows
 from tui.core.timeline import PhaseSpan
 
 HIDE = rule_from_pattern("hide:fw", "hide", "FutureWarning", "FutureWarning")
@@ -177,12 +177,22 @@ def test_status_line_in_words(v: RunView, now: float, expected: str) -> None:
 
 def test_timeline_rows_mark_the_current_and_the_failed_phase() -> None:
     rows = timeline_rows(view(State.LOADING, LOADING), T0 + 100)
+    # the first row is the time before the first phase line (the interpreter's start-up,
+    # the engine's imports), so that the rows add up to the elapsed time
     assert [(r.mark, r.label, r.start_s, r.duration_s) for r in rows] == [
-        ("✓", "reading config", 5.0, 55.0), ("▶", "loading weights", 60.0, 40.0)]
-    assert rows[1].detail == "43 % (31/72 shards)" and rows[1].current
+        ("✓", STARTING, 0.0, 5.0), ("✓", "reading config", 5.0, 55.0),
+        ("▶", "loading weights", 60.0, 40.0)]
+    assert sum(r.duration_s for r in rows) == 100.0
+    assert rows[2].detail == "43 % (31/72 shards)" and rows[2].current
     failed = (PhaseSpan(Phase.CONFIG, T0 + 5, T0 + 23, failed=True),)
     dead = timeline_rows(view(State.DEAD, failed, death=DEATH), T0 + 30)
-    assert dead[0].mark == "✗" and dead[0].failed
+    assert dead[1].mark == "✗" and dead[1].failed and not dead[0].failed
+    # nothing logged yet: the start-up is the current row; dead before a line: it failed
+    (first,) = timeline_rows(view(State.STARTING, ()), T0 + 12)
+    assert (first.mark, first.label, first.duration_s, first.current) == (
+        "▶", STARTING, 12.0, True)
+    (gone,) = timeline_rows(view(State.DEAD, (), death=DEATH, finished_at=T0 + 3), T0 + 30)
+    assert (gone.mark, gone.duration_s, gone.failed) == ("✗", 3.0, True)
     serving = Death(77, "EngineCore_DP0", None, 9, T0 + 2000, 2000.0, Phase.SERVING, None)
     done = (PhaseSpan(Phase.READY_LOG, T0 + 1400, T0 + 1490),)
     rows = timeline_rows(view(State.DEAD, done, death=serving), T0 + 2001)

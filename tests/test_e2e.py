@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import carriers, free_port, sim_profile
@@ -72,6 +73,10 @@ def _assert_ready_then_killed(profile: Path, result: subprocess.CompletedProcess
               if "phase: " in line]
     assert phases[:3] == ["launching", "reading config", "loading weights"]
     assert run_id in status.stdout and "alive" in status.stdout
+    # once at READY, and in status for the READY run: the server's own figures (its /metrics)
+    serving = [line for line in result.stdout.splitlines() if "serving: " in line]
+    assert len(serving) == 1 and "running ·" in serving[0] and "KV cache" in serving[0], serving
+    assert "serving: " in status.stdout and "running ·" in status.stdout, status.stdout
     assert killed.returncode == 0, killed.stdout + killed.stderr
     assert "no process of the run remains" in killed.stdout
     assert "GPU memory released" in killed.stdout
@@ -87,6 +92,26 @@ def test_demo_profile_reaches_ready_then_kill_leaves_nothing(tmp_path: Path, cle
     status = _cli("status", str(profile))
     killed = _cli("kill", str(profile), "--grace", "5")
     _assert_ready_then_killed(profile, result, status, killed, run_id)
+
+
+def _wait_json(profile: Path, cleanup: list[str]
+               ) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    """`wait --launch --json` on a simulated run: the result and its records."""
+    result = _cli("wait", str(profile), "--launch", "--timeout", "60s", "--json")
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    cleanup.append(records[0]["run_id"])
+    return result, records
+
+
+def test_wait_json_gives_the_serving_figures_once_at_ready(tmp_path: Path, cleanup) -> None:
+    profile = sim_profile(tmp_path, "ready", time_scale=300)
+    result, records = _wait_json(profile, cleanup)
+    assert result.returncode == 0, result.stdout + result.stderr
+    serving = [r for r in records if "serving" in r]
+    assert len(serving) == 1 and serving[0]["msg"].startswith("serving: ")
+    figures = serving[0]["serving"]
+    assert figures["running"] >= 1 and 0 <= figures["kv_usage"] <= 1, figures
+    assert _cli("kill", str(profile), "--grace", "5").returncode == 0
 
 
 async def test_ready_over_ssh_then_kill_leaves_nothing(tmp_path: Path, ssh_server,
@@ -224,10 +249,7 @@ def test_hang_becomes_stalled_naming_the_frozen_gpus(tmp_path: Path, cleanup) ->
 
 
 def test_oom_is_dead_with_the_out_of_memory_error(tmp_path: Path, cleanup) -> None:
-    profile = sim_profile(tmp_path, "oom", time_scale=300)
-    result = _cli("wait", str(profile), "--launch", "--timeout", "60s", "--json")
-    records = [json.loads(line) for line in result.stdout.splitlines()]
-    cleanup.append(records[0]["run_id"])
+    result, records = _wait_json(sim_profile(tmp_path, "oom", time_scale=300), cleanup)
     assert result.returncode == 3, result.stdout + result.stderr
     dead = next(r for r in records if r.get("state") == "dead")
     assert dead["process"] == "Worker_TP7" and dead["code"] == 1

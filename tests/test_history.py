@@ -95,8 +95,8 @@ def test_eta_and_overrun_come_from_past_launches(now: float, expected: str) -> N
     view = RunView(State.LOADING, spans, T0, None, 1500.0, usual=USUAL)
     assert status_line(view, now) == expected
     rows = timeline_rows(view, now)
-    assert [r.usual_s for r in rows] == [60.0, 660.0]
-    assert rows[1].slow is (now - (T0 + 61) >= 990)
+    assert [r.usual_s for r in rows] == [None, 60.0, 660.0]  # the start-up row: no history
+    assert rows[2].slow is (now - (T0 + 61) >= 990)
 
 
 # -- hooks --------------------------------------------------------------------------------------
@@ -159,7 +159,6 @@ async def test_ready_launch_is_recorded_hooked_smoked_and_reads_spec_decoding(
                            environ={**os.environ, "HF_TOKEN": "hf_secretvalue123"})
     history = History(tmp_path / "h.sqlite3")
     sup = Supervisor(profile, history=history, environ={**os.environ})
-    sup.metrics_interval = 1.0
     events = sup.subscribe()
     try:
         await sup.launch(skip_preflight=True)

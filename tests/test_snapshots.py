@@ -11,7 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from replay import ReplaySupervisor, Script, dead_script, loading_script, ready_script
+from replay import (
+    ReplaySupervisor,
+    Script,
+    dead_script,
+    loading_script,
+    ready_script,
+    serving_script,
+)
 from textual.pilot import Pilot
 
 from tui.console.app import ConsoleApp
@@ -33,6 +40,7 @@ async def settle(pilot: Pilot[str]) -> None:
 @pytest.mark.parametrize(("name", "script", "size"), [
     ("loading", loading_script, (200, 50)),
     ("ready", ready_script, (200, 50)),
+    ("serving", serving_script, (200, 50)),
     ("dead", dead_script, (200, 50)),
     ("loading-80x24", loading_script, (80, 24)),
 ])

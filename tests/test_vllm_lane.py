@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -50,6 +51,7 @@ from tui.core.state import (
     PhaseChanged,
     ProgressChanged,
     Ready,
+    ServingSeen,
     Stalled,
 )
 from tui.supervise.group import ClusterRun, Joined, MemberEvent, RunDied
@@ -247,6 +249,52 @@ async def check_spec_decoding(w: Watched, requests: int = 4) -> dict[str, Any]:
             "accepted": totals.accepted_tokens}
 
 
+PROBE_LINE = re.compile(rb'127\.0\.0\.1:\d+ - "GET /(?:health|metrics|v1/models) HTTP')
+SERVING_WINDOW_S = 60.0
+
+
+async def check_serving(w: Watched) -> dict[str, Any]:
+    """A minute of READY under real traffic (two clients sending completions back to back):
+    the serving readout shows requests running, generation throughput and the spec-decode
+    acceptance from /metrics, while specconsole's own probes write at most 12 access-log lines
+    to the server's log. The test's own traffic is POSTs only, so every GET counted here is a
+    probe of specconsole's."""
+    assert w.sup.run is not None
+    log = Path(w.sup.run.run_dir) / "server.log"
+    port, model = w.profile.server.port, str(w.profile.server.model)
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            complete(port, model, tokens=48)
+
+    start, seen_before = log.stat().st_size, len(w.of(ServingSeen))
+    clients = [threading.Thread(target=client, daemon=True) for _ in range(2)]
+    for c in clients:
+        c.start()
+    try:
+        await asyncio.sleep(SERVING_WINDOW_S)
+    finally:
+        stop.set()
+        for c in clients:
+            await asyncio.to_thread(c.join, 120)
+    written = log.read_bytes()[start:]
+    probes = len(PROBE_LINE.findall(written))
+    samples = [e.sample for e in w.of(ServingSeen)[seen_before:]]
+    assert probes <= 12, f"{probes} probe lines in {SERVING_WINDOW_S:.0f} s of READY"
+    assert samples and all(s.source == "metrics" for s in samples), samples
+    assert max(s.running or 0 for s in samples) > 0, samples
+    assert max(s.gen_tps or 0 for s in samples) > 0, samples
+    assert any(s.spec_acceptance is not None for s in samples), samples
+    assert any(s.kv_usage is not None for s in samples), samples
+    assert w.sup.machine.serving.latest == samples[-1]
+    return {"probe lines a minute": probes, "readings": len(samples),
+            "max running": max(s.running or 0 for s in samples),
+            "max gen tok/s": round(max(s.gen_tps or 0 for s in samples), 1),
+            "acceptance": [round(s.spec_acceptance, 3) for s in samples
+                           if s.spec_acceptance is not None]}
+
+
 async def _ready_then_kill(w: Watched, figures: dict[str, Any], key: str,
                            spec: bool = False) -> Watched:
     run_id = await w.launch()
@@ -282,6 +330,7 @@ async def _ready_then_kill(w: Watched, figures: dict[str, Any], key: str,
         assert answer["usage"]["completion_tokens"] == 16
         assert isinstance(answer["choices"][0]["text"], str)
         if spec:
+            figures[f"{key}: serving, a minute of two clients"] = await check_serving(w)
             figures[f"{key}: spec decoding after 5 requests"] = await check_spec_decoding(w)
         assert watch.deaths.keys().isdisjoint({api.pid, core.pid, worker.pid})
         await kill_and_verify(w, [api.pid, core.pid, worker.pid])

@@ -48,11 +48,12 @@ def cmd_watch(spec: dict) -> int:
     port = spec_value(health_spec, "port", int, None)
     health_paths = spec_strings(health_spec, "paths") or ["/health"]
     health_every = max(0.05, float(spec_value(health_spec, "interval", (int, float), 1.0)))
+    serving_every = max(health_every, float(spec_value(health_spec, "serving_interval",
+                                                       (int, float), 10.0)))
     metrics_spec = spec_value(spec, "metrics", dict, None)
     metrics = None if metrics_spec is None else (
         spec_value(metrics_spec, "path", str, "/metrics"),
-        spec_value(metrics_spec, "prefix", str, ""),
-        max(1.0, float(spec_value(metrics_spec, "interval", (int, float), 10.0))))
+        tuple(spec_strings(metrics_spec, "prefixes")) or ("",))
     secrets = list(spec_strings(spec, "redact"))
     secret_env = spec_strings(spec, "secret_env")
     disk_low = max(0, spec_value(spec, "disk_low", int, DISK_LOW))
@@ -67,7 +68,7 @@ def cmd_watch(spec: dict) -> int:
          redact=found or [])
     health = None
     if port is not None:
-        health = Health(port, health_paths, health_every, metrics)
+        health = Health(port, health_paths, health_every, serving_every, metrics)
         health.start()
     skim = spec_value(spec, "skim", dict, None)
     tail = LogTail(run.log, log_offset, SecretFinder(run.launch.get("secret_hashes"), secrets),

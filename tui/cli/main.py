@@ -32,7 +32,7 @@ from tui.cli.status import run_state, status_lines
 from tui.console.heap import QuietCollector, settle_heap
 from tui.core.cluster import is_cluster, member_profile
 from tui.core.command import redact
-from tui.core.describe import death_lines, describe, duration, gpu_verdict
+from tui.core.describe import death_lines, describe, duration, gpu_verdict, serving_words
 from tui.core.errors import PreflightFailed, RunNotFound, SpecconsoleError
 from tui.core.explain import explain_file, explanation_lines
 from tui.core.logline import strip_escapes
@@ -123,6 +123,7 @@ async def _wait(sup: Supervisor, args: argparse.Namespace, out: _Printer,
         for line in describe(event):
             out.say(line, state=sup.machine.state.value)
         if isinstance(event, Ready) and not past_ready:
+            await _serving_at_ready(events, sup, out)
             return EXIT_READY
         if isinstance(event, Stalled):
             if sup.profile.expect.stacks_on_stall:
@@ -131,6 +132,19 @@ async def _wait(sup: Supervisor, args: argparse.Namespace, out: _Printer,
 
 
 STACKS_WAIT_S = 60.0  # py-spy of every process, over SSH: seconds, but a stuck host is slow
+SERVING_WAIT_S = 3.0  # the agent reads /metrics at its first tick after READY
+
+
+async def _serving_at_ready(events: asyncio.Queue[Any], sup: Supervisor, out: _Printer) -> None:
+    """Once at READY: what the server says it is doing (its /metrics, else its stats line)."""
+    end = time.monotonic() + SERVING_WAIT_S
+    while sup.machine.serving.latest is None and (left := end - time.monotonic()) > 0:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(events.get(), left)
+    sample = sup.machine.serving.latest
+    if sample is not None:
+        out.say("serving: " + serving_words(sample), serving=sample.figures(),
+                source=sample.source)
 
 
 async def _stall_stacks(events: asyncio.Queue[Any], out: _Printer) -> None:

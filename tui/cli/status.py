@@ -13,11 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from tui.core.describe import duration
+from tui.core.describe import duration, serving_words
 from tui.core.errors import SpecconsoleError
 from tui.core.explain import explain
 from tui.core.logline import strip_escapes
+from tui.core.phases import Phase
+from tui.core.profile import Profile
 from tui.core.protocol import RunRecord
+from tui.core.serving import ServingReadout, ServingSample, parse_log_line
 from tui.remote import launcher
 from tui.remote.session import Session
 from tui.supervise.runs import Member, Run
@@ -38,6 +41,7 @@ class RunLine:
     phase: str = ""
     age: str = ""
     problem: str = ""
+    serving: str = ""  # what a READY server does: its figures, one line
 
 
 def run_state(alive: bool, exit_info: dict[str, Any] | None) -> str:
@@ -74,19 +78,45 @@ def format_lines(lines: Sequence[RunLine]) -> list[str]:
         else:
             out.append(f"{head} {line.run_id} {line.state:<{widths['state']}} "
                        f"{line.phase:<{widths['phase']}} {line.age}".rstrip())
+            if line.serving:
+                out.append(f"{'':<{widths['profile']}}   serving: {line.serving}")
     return out
 
 
-async def phase_of(session: Session, record: RunRecord, engine: str) -> str:
-    """The furthest phase the run's log shows, by the engine's phase rules; `—` when none."""
+async def phase_of(session: Session, record: RunRecord, profile: Profile,
+                   ) -> tuple[str, str]:
+    """The furthest phase the run's log shows, by the engine's phase rules (`—` when none);
+    for a live run past its start-up, what it serves (one line, else empty)."""
     log = f"{record.run_dir}/server.log"
     head = await session.run(["head", "-c", str(HEAD_BYTES), log])
     tail = await session.run(["tail", "-c", str(TAIL_BYTES), log])
     text = head.stdout.decode("utf-8", "replace").splitlines()
     if len(head.stdout) >= HEAD_BYTES:  # more than the head: its tail too, from a whole line
         text += tail.stdout.decode("utf-8", "replace").splitlines()[1:]
-    phase = explain(text, engine).last_phase
-    return phase.label if phase is not None else "—"
+    phase = explain(text, profile.server.engine).last_phase
+    serving = ""
+    if record.alive and phase is not None and phase >= Phase.READY_LOG:
+        sample = await serving_of(session, profile, text)
+        serving = serving_words(sample) if sample is not None else ""
+    return (phase.label if phase is not None else "—"), serving
+
+
+async def serving_of(session: Session, profile: Profile, text: Sequence[str],
+                     ) -> ServingSample | None:
+    """The server's /metrics (asked from its host), with the throughput of its last stats
+    line where the metrics need two readings to give it; either alone when that is all."""
+    now = time.time()
+    logged = next((s for line in reversed(text)
+                   if (s := parse_log_line(line, now)) is not None), None)
+    try:
+        reply = await launcher.http(session, profile, "/metrics", timeout=3.0)
+    except SpecconsoleError:
+        return logged
+    scraped = ServingReadout().feed_metrics(reply.body, now) if reply.status == 200 else None
+    if scraped is None or logged is None:
+        return scraped or logged
+    return replace(scraped, prompt_tps=scraped.prompt_tps or logged.prompt_tps,
+                   gen_tps=scraped.gen_tps or logged.gen_tps)
 
 
 async def member_lines(name: str, member: Member, every: bool, now: float) -> list[RunLine]:
@@ -95,10 +125,12 @@ async def member_lines(name: str, member: Member, every: bool, now: float) -> li
     try:
         session = await sup.connect()
         records = await launcher.list_runs(session, sup.profile)
-        lines = [RunLine(name, host, r.run_id, run_state(r.alive, r.exit),
-                         await phase_of(session, r, sup.profile.server.engine),
-                         duration(max(0.0, now - r.started)) if r.started else "—")
-                 for r in chosen(records, every)]
+        lines = []
+        for r in chosen(records, every):
+            phase, serving = await phase_of(session, r, sup.profile)
+            lines.append(RunLine(name, host, r.run_id, run_state(r.alive, r.exit), phase,
+                                 duration(max(0.0, now - r.started)) if r.started else "—",
+                                 serving=serving if member.role == "server" else ""))
     except SpecconsoleError as exc:  # "host unreachable: …", "authentication refused: …"
         return [RunLine(name, host, problem=f"{exc.title}: {exc}")]
     except OSError as exc:

@@ -24,6 +24,7 @@ from tui.console.messages import (
     RootCauseFound,
     RunChanged,
     RunReset,
+    ServingChanged,
     SpecDecodeChanged,
 )
 from tui.core.describe import death_lines, duration, gpu_verdict, skipped_words
@@ -38,6 +39,7 @@ from tui.core.state import (
     HelperExited,
     LinesAdded,
     Ready,
+    ServingSeen,
     Stalled,
     State,
     StateChanged,
@@ -65,6 +67,7 @@ from tui.supervise.supervisor import (
 )
 
 SPEC_TREND = 30  # logging intervals kept for the acceptance trend
+SERVING_SERIES = ("running", "waiting", "prompt_tps", "gen_tps", "kv_usage", "prefix_hit")
 
 
 def previous_text(previous: Launch | None) -> str:
@@ -101,7 +104,7 @@ class Bridge:
         """Messages for a batch of events, in order; snapshots once per batch."""
         out: list[Message] = []
         lines: list[Entry] = []
-        procs_changed = gpus_changed = run_changed = spec_changed = False
+        procs_changed = gpus_changed = run_changed = spec_changed = serving_changed = False
 
         def flush_lines() -> None:
             if lines:
@@ -135,8 +138,8 @@ class Bridge:
             elif isinstance(event, AgentHello):
                 hello = event.hello
                 self.gpu_note = None if hello.nvml_ok else (
-                    f"no NVML on this host ({hello.nvml_error or 'no driver'}): no GPU data"
-                    " will come (a CPU build, or no NVIDIA driver)")
+                    f"{hello.nvml_error or 'no NVML on this host'}: no GPU data will come"
+                    " (a CPU build, or no NVIDIA driver)")
                 gpus_changed = True
             elif isinstance(event, (Died, CauseUpdated)):
                 out.extend(self._death(event))
@@ -174,6 +177,8 @@ class Bridge:
                 run_changed = True
             elif isinstance(event, SmokeDone):
                 out.append(self._smoke(event))
+            elif isinstance(event, ServingSeen):
+                serving_changed = True
             elif isinstance(event, SpecDecodeSeen):
                 self.spec_totals = event.totals
                 spec_changed = True
@@ -207,6 +212,10 @@ class Bridge:
             self.spec_interval = interval
             self.spec_trend.append(interval.acceptance_rate)
             spec_changed = True
+        serving = self.sup.machine.serving
+        if serving_changed and serving.latest is not None:
+            out.append(ServingChanged(serving.latest, {
+                name: serving.series(name) for name in SERVING_SERIES}))
         if spec_changed:
             out.append(SpecDecodeChanged(self.spec_interval, self.spec_totals,
                                          tuple(self.spec_trend)))

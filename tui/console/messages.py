@@ -14,6 +14,7 @@ from tui.core.gpuview import GpuRow
 from tui.core.logwindow import Entry
 from tui.core.proctree import ProcRow
 from tui.core.protocol import Check
+from tui.core.serving import ServingSample
 from tui.core.specdecode import SpecDecodeInterval, SpecDecodeTotals
 from tui.core.status import RunView
 
@@ -92,6 +93,17 @@ class HistoryShown(Message):
     """How this profile's previous launch ended, in words (empty: no earlier launch)."""
 
     text: str
+
+
+@dataclass
+class ServingChanged(Message):
+    """The serving readout: the newest reading and each figure over the last minutes."""
+
+    latest: ServingSample
+    series: dict[str, tuple[float, ...]]
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, ServingChanged)
 
 
 @dataclass

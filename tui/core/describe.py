@@ -10,6 +10,7 @@ import signal
 from tui.core.failures import hint_for
 from tui.core.protocol import DiskSpace, Killed
 from tui.core.rootcause import RootCause
+from tui.core.serving import ServingSample
 from tui.core.state import (
     CauseUpdated,
     Death,
@@ -102,6 +103,23 @@ def gpu_verdict(killed: Killed) -> tuple[bool, str]:
         return False, "GPU memory NOT released: " + ", ".join(
             f"pid {h.get('pid')} on GPU {h.get('gpu')}" for h in ours)
     return True, "GPU memory released"
+
+
+def serving_words(s: ServingSample) -> str:
+    """The serving figures a reading has, in one line."""
+    parts = []
+    if s.running is not None or s.waiting is not None:
+        parts.append(f"{s.running or 0:.0f} running · {s.waiting or 0:.0f} waiting")
+    for label, value in (("prompt", s.prompt_tps), ("generation", s.gen_tps)):
+        if value is not None:
+            parts.append(f"{label} {value:,.0f} tok/s")
+    for label, share in (("KV cache", s.kv_usage), ("prefix hit", s.prefix_hit),
+                         ("spec acceptance", s.spec_acceptance)):
+        if share is not None:
+            parts.append(f"{label} {share * 100:.0f} %")
+    if s.preemptions is not None:
+        parts.append(f"preemptions {s.preemptions:,.0f}")
+    return " · ".join(parts) or "no figures"
 
 
 def size_words(n: int) -> str:

@@ -23,6 +23,9 @@ from tui.core.scanner import CORE_NEEDLES, Scanner, branch_literals, required_li
 _COMPOSE_RE = re.compile(r"[A-Za-z0-9][\w.-]*\s+\| ")
 # uvicorn's access line for an answered request: only a chunk's last one matters (serving)
 _ACCESS = " HTTP/1."
+# the rules that hide a Python warning's first line (its source line follows, indented)
+_WARNING_HEADERS = frozenset({"future-warning", "syntax-warning-escape"})
+_SOURCE_LINE = re.compile(r"  \S")
 # the pids of a chunk's process prefixes: a process first seen in it gets its line decoded
 # (its name from the prefix), even when nothing else in the line matters
 _PID_RE = re.compile(r" pid=(\d+)")
@@ -31,12 +34,13 @@ _PID_RE = re.compile(r" pid=(\d+)")
 class LineChunk:
     """Lines [offsets[0], end) of a log: their text, and what was decoded of them."""
 
-    __slots__ = ("_lines", "_rules", "offsets", "raws")
+    __slots__ = ("_lines", "_rules", "offsets", "phase_starts", "raws")
 
     def __init__(self, offsets: list[int], raws: list[str]) -> None:
         self.offsets, self.raws = offsets, raws
         self._lines: dict[int, LogLine] = {}
         self._rules: dict[int, NoiseRule] = {}
+        self.phase_starts: set[int] = set()  # lines that moved the launch to a new phase
 
     def __len__(self) -> int:
         return len(self.raws)
@@ -98,6 +102,8 @@ class ChunkReader:
             elif rule.id != "blank":  # blank lines: the scanner's own pattern finds them
                 self.everything = True
         self.scanner = Scanner(needles, backend)
+        self._source_rule = next((r for r in noise.rules if r.id == "warnings-warn-source"),
+                                 None)
 
     def read(self, pairs: Sequence[tuple[int, str]], open_traceback: bool) -> ChunkRead:
         """`open_traceback`: the tracker is inside a traceback, whose next lines (source lines
@@ -126,9 +132,40 @@ class ChunkReader:
             if extra - set(indices):
                 indices = sorted({*indices, *extra})
         lines = parse_lines([(chunk.offsets[i], raws[i]) for i in indices])
-        rules = self.noise.match_all(lines) if page else self.noise.classify_all(lines)
+        rules = self.noise.match_all(lines)
+        if self._source_rule is not None:
+            indices, lines, rules = self._warning_sources(chunk, indices, lines, rules)
+        if not page:
+            self.noise.count_all(rules)
         chunk.classified(indices, lines, rules)
         return ChunkRead(chunk, indices, lines, rules, scan.heartbeats)
+
+    def _warning_sources(self, chunk: LineChunk, indices: list[int], lines: list[LogLine],
+                         rules: list[NoiseRule | None],
+                         ) -> tuple[list[int], list[LogLine], list[NoiseRule | None]]:
+        """A Python warning is two lines: `file:line: FutureWarning: ...` and, indented by
+        two spaces, the source line that warned. When a rule hides the first, the second goes
+        with it (it holds no word a rule could find)."""
+        raws, rule = chunk.raws, self._source_rule
+        assert rule is not None
+        at = {i: k for k, i in enumerate(indices)}
+        follow = [i + 1 for i, r in zip(indices, rules, strict=True)
+                  if r is not None and r.id in _WARNING_HEADERS and i + 1 < len(raws)
+                  and _SOURCE_LINE.match(raws[i + 1])]
+        if not follow:
+            return indices, lines, rules
+        fresh = [i for i in follow if i not in at]
+        for i in follow:
+            if i in at and rules[at[i]] is None:
+                rules[at[i]] = rule
+        if not fresh:
+            return indices, lines, rules
+        found = dict(zip(indices, zip(lines, rules, strict=True), strict=True))
+        for i, line in zip(fresh, parse_lines([(chunk.offsets[i], raws[i]) for i in fresh]),
+                           strict=True):
+            found[i] = (line, rule)
+        order = sorted(found)
+        return order, [found[i][0] for i in order], [found[i][1] for i in order]
 
 
     def _first_of_new_pids(self, raws: Sequence[str]) -> list[int]:

@@ -65,13 +65,116 @@ def entries(chunk: LineChunk) -> list[Entry]:
     return [Entry(chunk, i) for i in range(len(chunk))]
 
 
+# A vLLM INFO record and its process (its prefix may be coloured), and a tqdm bar's line. A run
+# of INFO records of one kind of process (the route table, per-rank and per-layer repetition,
+# a burst of settings) is one row of the filtered view, and so is a run of one bar's updates
+# (shown at its latest). A line that moved the launch to a new phase always heads a row;
+# warnings, errors, tracebacks and noise never join one.
+_ESC = r"(?:\x1b\[[\d;]*m)?"
+_FOLDABLE = re.compile(rf"{_ESC}\((?P<proc>[A-Za-z]+)[^()]*\){_ESC} INFO \d\d-\d\d \d\d:\d\d:\d\d"
+                       r"(?:\.\d+)? \[")
+_BAR = re.compile(r"(?P<bar>[^:|\x1b]{1,80}):\s+\d{1,3}%(?:\s|\|)")
+_ROUTE = re.compile(r"Route: (\S+?),? Methods")
+_WORDS = re.compile(r"[A-Za-z0-9]{3}")
+
+
+def fold_kind(entry: Entry) -> str | None:
+    """What makes lines one row: the kind of process of an INFO record no rule marks
+    (`Worker` for Worker_TP3), or the bar a progress line draws; None: never folded."""
+    raw = entry.raw
+    found = _FOLDABLE.match(raw) or _BAR.match(raw)
+    if found is None or entry.rule is not None:
+        return None
+    return found.group("proc") if found.re is _FOLDABLE else "bar " + found.group("bar")
+
+
+class Fold:
+    """Consecutive INFO records of one kind of process, shown as one row: the first, how many
+    more, vLLM's route table as `API routes: N (…)`; a bar's updates at the latest. The raw
+    view shows every line."""
+
+    __slots__ = ("kind", "members")
+
+    def __init__(self, kind: str, members: list[Entry]) -> None:
+        self.kind, self.members = kind, members
+
+    @property
+    def bar(self) -> bool:
+        return self.kind.startswith("bar ")
+
+    @property
+    def line(self) -> LogLine:
+        """The line the row is drawn from: a bar's latest, else the first that says words (the
+        banner's version row, not its art)."""
+        if self.bar:
+            return self.members[-1].line
+        return next((e.line for e in self.members if _WORDS.search(e.line.message)),
+                    self.members[0].line)
+
+    @property
+    def rule(self) -> NoiseRule | None:
+        return None
+
+    @property
+    def offset(self) -> int:
+        return self.members[0].offset
+
+    @property
+    def raw(self) -> str:
+        return self.members[0].raw
+
+    @property
+    def end(self) -> int:
+        return self.members[-1].end
+
+    @property
+    def shown(self) -> bool:
+        return True
+
+    def summary(self) -> str:
+        """The row's words after the first line's prefix: its message, how many more, and
+        vLLM's route table in one phrase; a bar as it stands now."""
+        if self.bar:
+            return self.line.message
+        routes = [m.group(1) for e in self.members[1:] if (m := _ROUTE.search(e.raw))]
+        table = f": API routes: {len(routes)} ({', '.join(dict.fromkeys(routes))})" \
+            if len(routes) > 2 else ""
+        return (f"{self.line.message}  (+{len(self.members) - 1} more INFO lines{table};"
+                " f shows them)")
+
+
+Row = Entry | Fold
+
+
+def fold_rows(entries: Iterable[Entry], rows: deque[Row] | None = None,
+              kind: str | None = None) -> tuple[deque[Row], str | None]:
+    """The filtered view's rows for shown entries appended after `rows` (whose last row is of
+    fold kind `kind`): a line joins the row before it when it is of the same kind and moved
+    the launch to no new phase."""
+    out: deque[Row] = deque() if rows is None else rows
+    for entry in entries:
+        mine = fold_kind(entry)
+        if mine is not None and mine == kind and out \
+                and entry.index not in entry.chunk.phase_starts:
+            last = out[-1]
+            if isinstance(last, Fold):
+                last.members.append(entry)
+            else:
+                out[-1] = Fold(mine, [last, entry])
+        else:
+            out.append(entry)
+        kind = mine
+    return out, kind
+
+
 class LogWindow:
     """Lines [first offset, end) of one run's log, at most `cap` of them."""
 
     def __init__(self, cap: int = DEFAULT_CAP) -> None:
         self.cap = cap
         self._entries: deque[Entry] = deque()
-        self._shown: deque[Entry] = deque()
+        self._shown: deque[Row] = deque()  # the filtered view: alike lines folded in a row
+        self._fold: str | None = None  # the fold kind of the filtered view's last row
         self.hidden: dict[str, int] = {}  # label → lines hidden, over the whole run
         self.harmless: dict[str, int] = {}
         self.detached = False  # scrolled back past the cap: not following the live end
@@ -89,7 +192,7 @@ class LogWindow:
         """Byte offset of the oldest line held (what is before it is in the remote file)."""
         return self._entries[0].offset if self._entries else self.log_end
 
-    def view(self, raw: bool) -> deque[Entry]:
+    def view(self, raw: bool) -> deque[Entry] | deque[Row]:
         return self._entries if raw else self._shown
 
     def append(self, entries: Iterable[Entry]) -> None:
@@ -106,7 +209,7 @@ class LogWindow:
                 continue
             self._entries.append(entry)
             if entry.shown:
-                self._shown.append(entry)
+                self._fold = fold_rows((entry,), self._shown, self._fold)[1]
         while len(self._entries) > self.cap:
             self._drop_oldest()
         while len(self._live) > self.cap:
@@ -115,20 +218,29 @@ class LogWindow:
     def _drop_oldest(self) -> None:
         old = self._entries.popleft()
         self.evicted[True] += 1
-        if self._shown and self._shown[0] is old:
+        front = self._shown[0] if self._shown else None
+        if front is old:
             self._shown.popleft()
             self.evicted[False] += 1
+        elif isinstance(front, Fold) and front.members[0] is old:
+            front.members.pop(0)
+            if len(front.members) == 1:
+                self._shown[0] = front.members[0]
 
     def prepend(self, entries: list[Entry]) -> None:
         """An older page, just before `start`; the newest lines go if the cap is passed."""
-        for entry in reversed(entries):
-            self._entries.appendleft(entry)
-            if entry.shown:
-                self._shown.appendleft(entry)
+        self._entries.extendleft(reversed(entries))
+        rows, _ = fold_rows(e for e in entries if e.shown)
+        self._shown.extendleft(reversed(rows))
         while len(self._entries) > self.cap:
             newest = self._entries.pop()
-            if self._shown and self._shown[-1] is newest:
+            last = self._shown[-1] if self._shown else None
+            if last is newest:
                 self._shown.pop()
+            elif isinstance(last, Fold) and last.members[-1] is newest:
+                last.members.pop()
+                if len(last.members) == 1:
+                    self._shown[-1] = last.members[0]
             self._live.appendleft(newest)  # kept beside the window, for resume
             self.detached = True
         while len(self._live) > self.cap:
@@ -147,11 +259,11 @@ class LogWindow:
         self._live.clear()
         self.detached = False
         self.missed = 0
-        for entry in entries[-self.cap:]:
-            self._entries.append(entry)
-            if entry.shown:
-                self._shown.append(entry)
-            self.log_end = max(self.log_end, entry.end)
+        kept = entries[-self.cap:]
+        self._entries.extend(kept)
+        self._fold = fold_rows((e for e in kept if e.shown), self._shown)[1]
+        if kept:
+            self.log_end = max(self.log_end, kept[-1].end)
 
     def skip(self, start: int, end: int) -> None:
         """The live stream jumps from `start` to `end` (a long log's middle, not sent): what
@@ -175,5 +287,8 @@ class LogWindow:
         return None
 
     def matches(self, pattern: re.Pattern[str], raw: bool) -> list[int]:
-        """Indices in the view of the lines whose visible text matches."""
-        return [i for i, e in enumerate(self.view(raw)) if pattern.search(e.line.plain)]
+        """Indices in the view of the lines whose visible text matches (a folded row: any
+        of its lines)."""
+        return [i for i, e in enumerate(self.view(raw))
+                if any(pattern.search(m.line.plain)
+                       for m in (e.members if isinstance(e, Fold) else (e,)))]

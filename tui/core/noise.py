@@ -56,6 +56,12 @@ _BLANK = NoiseRule("blank", "hide", _BLANK_RE, "blank line (tqdm leftover)")
 # Not an exception line: a real error that happens to say "deprecated" must stay visible.
 _NOT_EXCEPTION = r"^(?![\w.]+(?:Error|Exception)\b)"
 
+# specconsole's own requests (tui/agent/health.py, from the GPU host to 127.0.0.1) in
+# uvicorn's access log; a user's own /health from elsewhere stays visible
+_PROBES = _rule("specconsole-probe", "hide", "- \"GET /",
+                r'^127\.0\.0\.1:\d+ - "GET /(?:health|metrics|v1/models) HTTP/1\.[01]" \d{3}',
+                "specconsole's own probes")
+
 # Harmless rules come first: a known error must be labelled even if it also says "deprecated".
 _VLLM_RULES: tuple[NoiseRule, ...] = (
     _rule("triton-kernels-import", "harmless", "Triton kernels",
@@ -66,6 +72,7 @@ _VLLM_RULES: tuple[NoiseRule, ...] = (
           r"Failed to import from vllm\._C with ModuleNotFoundError",
           "vllm._C missing (harmless on CPU/plugin platforms; on CUDA a broken build)"),
     _BLANK,
+    _PROBES,
     _rule("future-warning", "hide", "Warning:", r"(?:Future|Deprecation)Warning:",
           "Future/DeprecationWarning (e.g. cuda.cudart, cuda.nvrtc)"),
     _rule("syntax-warning-escape", "hide", "SyntaxWarning",
@@ -104,6 +111,7 @@ _VLLM_RULES: tuple[NoiseRule, ...] = (
 
 _SGLANG_RULES: tuple[NoiseRule, ...] = (
     _BLANK,
+    _PROBES,
     _rule("gloo-connected", "hide", "[Gloo]", r"\[Gloo\] Rank \d+ is connected to",
           "Gloo connection"),
     _rule("custom-allreduce", "harmless", "Custom allreduce",
@@ -168,10 +176,14 @@ class NoiseFilter:
     def classify_all(self, lines: Sequence[LogLine]) -> list[NoiseRule | None]:
         """`classify` for each line of a chunk, in order."""
         rules = self.match_all(lines)
+        self.count_all(rules)
+        return rules
+
+    def count_all(self, rules: Iterable[NoiseRule | None]) -> None:
+        """Count the verdicts of a chunk's lines (made by `match_all`, or by context)."""
         for rule in rules:
             if rule is not None:
                 self._count(rule)
-        return rules
 
     def match_all(self, lines: Sequence[LogLine]) -> list[NoiseRule | None]:
         """`match` for each line of a chunk, in order (nothing counted); only the lines a rule

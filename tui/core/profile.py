@@ -137,6 +137,9 @@ class ExpectConfig:
     stall_timeout: float = 600.0
     ready_timeout: float | None = None
     stacks_on_stall: bool = True  # py-spy every process of the run once when it stalls
+    # once READY, how often the agent asks the server (/metrics, else /health): a week of
+    # supervision must not fill the server's log with the tool's own requests
+    serving_probe_interval: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -646,7 +649,7 @@ _PREFLIGHT = {name: _bool for name in (
     "spec_consistent")} | {"compile_files": _list(_str)}
 _LOGS = {"hide": _list(_rule), "harmless": _list(_rule)}
 _EXPECT = {"load_time": _duration, "stall_timeout": _duration, "ready_timeout": _duration,
-           "stacks_on_stall": _bool}
+           "stacks_on_stall": _bool, "serving_probe_interval": _duration}
 _ALERTS = {"on_ready": _str, "on_dead": _str, "on_stalled": _str, "hook_timeout": _duration,
            "tmux": _bool}
 _SMOKE = {"enabled": _bool, "kind": _one_of(("completion", "chat")), "prompt": _str,

@@ -248,7 +248,7 @@ class StacksDone:
 
 @dataclass(frozen=True, slots=True)
 class Metrics:
-    """The server's /metrics lines the watch asked for (a prefix), fetched on the GPU host."""
+    """The server's /metrics lines the watch asked for (its prefixes), fetched on the GPU host."""
 
     path: str
     text: str

@@ -21,6 +21,7 @@ from tui.core.noise import NoiseFilter
 from tui.core.phases import Phase, PhaseHit
 from tui.core.protocol import Gpus, Health, ProcExit, ProcInfo, Procs, RunExit
 from tui.core.rootcause import RootCause
+from tui.core.serving import ServingReadout, ServingSample
 from tui.core.specdecode import SpecDecodeInterval, parse_interval
 from tui.core.stall import ProcWatch, Suspect
 from tui.core.timeline import Timeline
@@ -176,6 +177,13 @@ class Ready:
 
 
 @dataclass(frozen=True, slots=True)
+class ServingSeen:
+    """A new reading of what the serving server does (its /metrics, else its stats line)."""
+
+    sample: ServingSample
+
+
+@dataclass(frozen=True, slots=True)
 class HelperExited:
     """A helper process (not a server role) exited with a failure; shown, not a death."""
 
@@ -183,7 +191,7 @@ class HelperExited:
 
 
 DomainEvent = (StateChanged | PhaseChanged | ProgressChanged | LinesAdded | Died | CauseUpdated
-               | Stalled | Ready | HelperExited)
+               | Stalled | Ready | HelperExited | ServingSeen)
 
 
 @dataclass(slots=True)
@@ -223,10 +231,12 @@ class LaunchMachine:
     died_with: dict[str, int] = field(default_factory=dict)
     # the latest `SpecDecoding metrics:` interval (acceptance while serving)
     spec_decode: SpecDecodeInterval | None = None
+    serving: ServingReadout = field(default_factory=ServingReadout)
     health_paths: tuple[str, ...] = ("/health", "/v1/models")
     # each live process's state and since when it is held (stopped, D): the stall's suspects
     procwatch: ProcWatch = field(default_factory=ProcWatch)
     _health_ok: set[str] = field(default_factory=set)
+    _furthest: Phase | None = None  # the furthest phase a line of the log named
     _gpus: dict[int, _GpuTrack] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -294,9 +304,14 @@ class LaunchMachine:
                 if self.pending_exits and "non-zero exit status" in msg:
                     events.extend(self._reported_command_failure(msg, at))
             if hit is not None:
+                if self._furthest is None or hit.phase > self._furthest:
+                    self._furthest = hit.phase  # the console never folds this line away
+                    read.chunk.phase_starts.add(read.indices[i])
                 if hit.phase is Phase.SERVING:
                     if "SpecDecoding" in msg or "accept" in msg:
                         self.spec_decode = parse_interval(msg) or self.spec_decode
+                    if (sample := self.serving.feed_log(msg, at)) is not None:
+                        events.append(ServingSeen(sample))
                     if self._serving_known(hit):
                         continue  # serving goes on: nothing new for the timeline
                 events.extend(self._on_phase(hit, self._written_at(line.raw, at)))
@@ -426,6 +441,11 @@ class LaunchMachine:
     def names(self) -> dict[int, str]:
         """Every known pid's name (see name_of), for the console's process tree."""
         return {pid: self.name_of(pid, proc.name) for pid, proc in self.procs.items()}
+
+    def feed_metrics(self, text: str, at: float) -> list[DomainEvent]:
+        """A scrape of the server's /metrics (the serving figures' first source)."""
+        sample = self.serving.feed_metrics(text, at)
+        return [] if sample is None else [ServingSeen(sample)]
 
     def feed_exit(self, ex: ProcExit, at: float) -> list[DomainEvent]:
         """A process of the run ended. The first server-process death is the run's death."""

@@ -15,6 +15,8 @@ from tui.core.state import Death, LaunchMachine, Stalled, State
 from tui.core.timeline import PhaseSpan
 
 OVERRUN = 1.5  # a phase this many times its usual duration is flagged
+# the row before the first phase line: the interpreter starting and importing the engine
+STARTING = "starting Python"
 OVERRUN_MIN_S = 5.0  # ... and at least this much longer (short phases jitter)
 
 
@@ -156,6 +158,14 @@ def timeline_rows(view: RunView, now: float) -> list[TimelineRow]:
     """Phases in order; the current one open, the one a death happened in marked."""
     rows = []
     launched = view.launched_at or 0.0
+    if view.launched_at is not None:  # process start to the first phase line: imports
+        first = view.spans[0].start if view.spans else None
+        ended = view.state in (State.DEAD, State.STOPPED)
+        took = (first if first is not None else (view.finished_at or now)) - launched
+        failed = first is None and view.state is State.DEAD
+        current = first is None and not ended
+        rows.append(TimelineRow("✗" if failed else ("▶" if current else "✓"), STARTING,
+                                0.0, max(0.0, took), None, "", current, failed))
     for span in view.spans:
         current = span.end is None
         failed = span.failed or (view.state is State.DEAD and span is view.current

@@ -43,6 +43,11 @@ class ServingState:
         self._requests = 0
         self._drafts = 0
         self._accepted = [0] * (spec.num_tokens if spec else 0)
+        # the scheduler's state of the last stats interval (gauges), and the prefix cache's
+        # and preemptions' counters
+        self._running = self._waiting = 0
+        self._kv_usage = self._gen_tps = self._prefix_hit = 0.0
+        self._prefix_queries = self._prefix_hits = self._preemptions = 0
 
     def simulate(self, seconds: float) -> tuple[str, str | None]:
         """Traffic for one stats interval of `seconds`: the stats line and the spec line."""
@@ -51,8 +56,16 @@ class ServingState:
             prompt_tps, gen_tps = rng.uniform(800, 2400), rng.uniform(250, 600)
             self._prompt_tokens += int(prompt_tps * seconds)
             self._generation_tokens += int(gen_tps * seconds)
-            stats = lines.stats_line(prompt_tps, gen_tps, rng.randint(4, 24),
-                                     rng.uniform(3, 18), rng.uniform(20, 60))
+            self._running, self._waiting = rng.randint(4, 24), rng.choice((0, 0, 0, 1, 3))
+            self._kv_usage, self._gen_tps = rng.uniform(3, 18) / 100, gen_tps
+            self._prefix_hit = rng.uniform(20, 60) / 100
+            queries = int(prompt_tps * seconds)
+            self._prefix_queries += queries
+            self._prefix_hits += int(queries * self._prefix_hit)
+            self._preemptions += int(self._waiting > 1)
+            stats = lines.stats_line(prompt_tps, gen_tps, self._running,
+                                     self._kv_usage * 100, self._prefix_hit * 100,
+                                     self._waiting)
             if self.spec is None:
                 return stats, None
             rates = [min(1.0, 0.88 * 0.78**i * rng.uniform(0.95, 1.05))
@@ -127,6 +140,23 @@ class ServingState:
                              self._generation_tokens),
                    *_counter(f"{prefix}request_success_total", "Count of successfully processed "
                              "requests.", labels, self._requests)]
+            if self.engine == "sglang":  # SchedulerMetricsCollector's gauges
+                gauges = (("num_running_reqs", self._running), ("num_queue_reqs", self._waiting),
+                          ("token_usage", self._kv_usage), ("gen_throughput", self._gen_tps),
+                          ("cache_hit_rate", self._prefix_hit))
+            else:  # vllm/v1/metrics/loggers.py
+                gauges = (("num_requests_running", self._running),
+                          ("num_requests_waiting", self._waiting),
+                          ("kv_cache_usage_perc", self._kv_usage))
+                out += _counter("vllm:prefix_cache_queries_total", "Prefix cache queries.",
+                                labels, self._prefix_queries)
+                out += _counter("vllm:prefix_cache_hits_total", "Prefix cache hits.", labels,
+                                self._prefix_hits)
+                out += _counter("vllm:num_preemptions_total", "Cumulative preemptions.",
+                                labels, self._preemptions)
+            for name, value in gauges:
+                out += [f"# HELP {prefix}{name} {name}.", f"# TYPE {prefix}{name} gauge",
+                        f"{prefix}{name}{{{labels}}} {float(value)}"]
             if self.spec is not None:
                 k = self.spec.num_tokens
                 out += _counter("vllm:spec_decode_num_drafts_total",

@@ -144,10 +144,10 @@ def _clock(seconds: float) -> str:
 
 
 def stats_line(prompt_tps: float, gen_tps: float, running: int, kv_usage: float,
-               prefix_hit: float) -> str:
+               prefix_hit: float, waiting: int = 0) -> str:
     return (f"Engine 000: Avg prompt throughput: {prompt_tps:.1f} tokens/s, "
             f"Avg generation throughput: {gen_tps:.1f} tokens/s, Running: {running} reqs, "
-            f"Waiting: 0 reqs, GPU KV cache usage: {kv_usage:.1f}%, "
+            f"Waiting: {waiting} reqs, GPU KV cache usage: {kv_usage:.1f}%, "
             f"Prefix cache hit rate: {prefix_hit:.1f}%")
 
 

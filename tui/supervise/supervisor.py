@@ -77,7 +77,8 @@ from tui.supervise.hooks import hook_env, run_hook
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 10.0
 TICK_S = 0.5
-METRICS_S = 10.0  # how often the watch reads the server's spec-decode counters
+# the agent's requests to the server: liveness, still serving the model, the metrics
+PROBE_PATHS = ("/health", "/v1/models", "/metrics")
 # attached to a long log, the agent sends its first and last bytes only (tui/agent/logtail.py):
 # the start holds the launch's phases, the end the state now and a death's traceback
 SKIM_HEAD = 4 << 20
@@ -238,7 +239,6 @@ class Supervisor:
         self.hook_allowed: Callable[[str], bool] = lambda event: True  # the group's say
         self.history = history
         self.usual: dict[str, float] = {}
-        self.metrics_interval = METRICS_S
         self._history_failed = False
         self._side: set[asyncio.Task[None]] = set()  # hooks and the smoke request
         self.environ = os.environ if environ is None else environ
@@ -585,10 +585,10 @@ class Supervisor:
         if not self.whole_log:
             spec["skim"] = {"head": SKIM_HEAD, "tail": SKIM_TAIL}
         if self.serves:
-            spec["health"] = {"port": self.profile.server.port,
-                              "paths": ["/health", "/v1/models"], "interval": 1.0}
-            spec["metrics"] = {"path": "/metrics", "prefix": "vllm:spec_decode_",
-                               "interval": self.metrics_interval}
+            spec["health"] = {"port": self.profile.server.port, "paths": list(PROBE_PATHS[:2]),
+                              "interval": 1.0,
+                              "serving_interval": self.profile.expect.serving_probe_interval}
+            spec["metrics"] = {"path": PROBE_PATHS[2], "prefixes": ["vllm:", "sglang:"]}
         return spec
 
     async def _watch_loop(self) -> None:
@@ -677,6 +677,7 @@ class Supervisor:
             totals = parse_totals(event.text)
             if totals is not None:
                 self._emit([SpecDecodeSeen(totals, event.time)])
+            self._emit(m.feed_metrics(event.text, event.time))
         elif isinstance(event, AgentFault):
             self._emit([Notice(f"agent: {event.kind}: {event.message}", "warning")])
         elif isinstance(event, DiskSpace):

@@ -25,7 +25,7 @@ from textual.widgets import Input, Static
 from tui.console.messages import LogLines, LogSkipped, RootCauseFound, RunReset
 from tui.core.describe import size_words
 from tui.core.logline import keep_colours
-from tui.core.logwindow import Entry, LogWindow
+from tui.core.logwindow import Entry, Fold, LogWindow, Row
 
 CAUSE_MARK = "▶ ROOT CAUSE "
 MAX_DRAWN = 2000
@@ -253,13 +253,21 @@ class LogView(ScrollView, can_focus=True):
                     if s.text != "\n"]
         return Strip(segments).crop_extend(scroll_x, scroll_x + width, self.rich_style)
 
-    def line_text(self, entry: Entry, current: bool) -> Text:
-        """One line as the user sees it: marked, dimmed, highlighted."""
+    def line_text(self, entry: Row, current: bool) -> Text:
+        """One line as the user sees it: marked, dimmed, highlighted; a folded row as its
+        first line's prefix and what the row holds."""
         line = entry.line
         plain = line.plain if len(line.plain) <= MAX_DRAWN else (
             line.plain[:MAX_DRAWN] + f" … ({len(line.plain) - MAX_DRAWN} more characters)")
         plain = plain.expandtabs(TAB)
-        text = _coloured(line.raw, plain)
+        if isinstance(entry, Fold):
+            head = line.plain[:len(line.plain) - len(line.message)] \
+                if line.message and line.plain.endswith(line.message) else ""
+            plain = (head + entry.summary()).expandtabs(TAB)[:MAX_DRAWN]
+            text = Text(plain, no_wrap=True)
+            text.stylize("dim", len(head))
+        else:
+            text = _coloured(line.raw, plain)
         rule = entry.rule
         shift = 0  # where the line's own text starts (after a marker)
         if line.offset == self.cause_offset:

@@ -22,6 +22,7 @@ from tui.console.messages import (
     RootCauseFound,
     RunChanged,
     RunReset,
+    ServingChanged,
     SpecDecodeChanged,
 )
 from tui.console.widgets.banner import Banner
@@ -76,7 +77,8 @@ class MemberPanes(Vertical):
             self.query_one(ProcPane).post_message(message)
         elif isinstance(message, GpusChanged):
             self.query_one(GpuPane).post_message(message)
-        elif isinstance(message, (PreflightShown, HistoryShown, SpecDecodeChanged, RunChanged)):
+        elif isinstance(message, (PreflightShown, HistoryShown, SpecDecodeChanged, ServingChanged,
+                                  RunChanged)):
             self.query_one(TimelinePane).post_message(message)
         elif isinstance(message, AlertRaised):
             self.query_one(Banner).post_message(message)

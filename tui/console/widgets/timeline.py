@@ -6,7 +6,13 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
-from tui.console.messages import HistoryShown, PreflightShown, RunChanged, SpecDecodeChanged
+from tui.console.messages import (
+    HistoryShown,
+    PreflightShown,
+    RunChanged,
+    ServingChanged,
+    SpecDecodeChanged,
+)
 from tui.console.widgets.format import bar, sparkline
 from tui.core.describe import duration
 from tui.core.protocol import Check
@@ -24,6 +30,7 @@ class TimelinePane(Widget, can_focus=True):
         self.checks: tuple[Check, ...] = ()
         self.previous = ""
         self.spec: SpecDecodeChanged | None = None
+        self.serving: ServingChanged | None = None
 
     def on_history_shown(self, message: HistoryShown) -> None:
         self.previous = message.text
@@ -31,6 +38,10 @@ class TimelinePane(Widget, can_focus=True):
 
     def on_spec_decode_changed(self, message: SpecDecodeChanged) -> None:
         self.spec = message
+        self.refresh(layout=True)
+
+    def on_serving_changed(self, message: ServingChanged) -> None:
+        self.serving = message
         self.refresh(layout=True)
 
     def on_run_changed(self, message: RunChanged) -> None:
@@ -43,7 +54,7 @@ class TimelinePane(Widget, can_focus=True):
 
     def reset(self) -> None:
         """A new run: its preflight verdict (which came just before) stays."""
-        self.view, self.spec = None, None
+        self.view, self.spec, self.serving = None, None, None
         self.refresh(layout=True)
 
     def get_content_height(self, container: object, viewport: object, width: int) -> int:
@@ -91,9 +102,47 @@ class TimelinePane(Widget, can_focus=True):
         if eta is not None:
             out.append(f" · ETA ~{duration(eta)}" if eta > 0 else " · over the expected time",
                        style="cyan" if eta > 0 else "yellow")
+        if self.serving is not None:
+            out.append_text(serving_readout(self.serving, now))
         if self.spec is not None:
             out.append_text(spec_readout(self.spec, width))
         return out
+
+
+def _rate(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return f"{value / 1000:.1f} k" if value >= 10_000 else f"{value:,.0f}"
+
+
+def _share(value: float | None) -> str:
+    return "?" if value is None else f"{value * 100:.0f} %"
+
+
+def serving_readout(serving: ServingChanged, now: float) -> Text:
+    """Requests, throughput, KV cache and prefix cache now, each with its sparkline over the
+    last minutes; where the figures come from and how old they are."""
+    s, series = serving.latest, serving.series
+    source = "/metrics" if s.source == "metrics" else "the stats line"
+    out = Text("\nserving", style="bold")
+    out.append(f"  from {source}, {duration(max(0.0, now - s.at))} ago", style="dim")
+
+    def row(label: str, text: str, *names: str, top: float = 0.0) -> None:
+        out.append(f"\n  {label:<11}")
+        out.append(text, style="bold")
+        trend = next((series[n] for n in names if len(series.get(n, ())) > 1), ())
+        if trend:
+            out.append("  ")
+            scale = top or max(trend) or 1.0
+            out.append(sparkline(tuple(int(v / scale * 1000) for v in trend), 1000, 20),
+                       style="cyan")
+
+    row("requests", f"{_rate(s.running)} running · {_rate(s.waiting)} waiting", "running")
+    row("tokens/s", f"prompt {_rate(s.prompt_tps)} · generation {_rate(s.gen_tps)}", "gen_tps")
+    row("KV cache", _share(s.kv_usage), "kv_usage", top=1.0)
+    preempted = "" if s.preemptions is None else f" · preemptions {s.preemptions:,.0f}"
+    row("prefix hit", _share(s.prefix_hit) + preempted, "prefix_hit", top=1.0)
+    return out
 
 
 def spec_readout(spec: SpecDecodeChanged, width: int) -> Text:
