@@ -144,7 +144,9 @@ async def test_kill_confirms_escalates_and_leaves_no_process(tmp_path: Path,
         run_id = sup.run.run_id
         cleanup.append(run_id)
         assert carriers(run_id)
-        assert "READY" in banner_text(app) and app.query_one(Banner).has_class("-ready")
+        # the supervisor's state first, then the banner: the bridge's message is a beat later
+        await until(pilot, lambda: "READY" in banner_text(app), 5, "the READY banner")
+        assert app.query_one(Banner).has_class("-ready")
         await pilot.press("k")
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("n")  # no: nothing happens
