@@ -59,7 +59,8 @@ STATS_INTERVAL = 10.0  # vLLM's default log-stats interval
 
 # Real-time floors: a high time scale must still leave a test time to see each state.
 MIN_STATS_REAL = 0.5
-MIN_SERVE_REAL = 1.0  # engine-killed serves at least this long (health 200)
+MIN_SERVE_REAL = 3.0  # engine-killed serves at least this long: three of the 1 s readiness probes
+# see it ready even on a loaded box, so the death is "while serving", never a race with READY
 MIN_IMPORT_REAL = 1.0  # a worker lives at least this long before the model import can fail
 MIN_DEAD_REAL = 1.0  # health answers 503 at least this long before the API server exits
 
