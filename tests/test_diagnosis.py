@@ -262,6 +262,99 @@ def test_waiting_for_the_engine_is_a_hang_only_when_it_repeats() -> None:
     assert ex.root_cause.kind is by_id("engine_wait")
 
 
+PG_WAIT = ("INFO 04-01 02:46:{s:02d} ray_utils.py:214] Waiting for creating a placement group "
+           "of specs for {n} seconds. specs=[{{'GPU': 1.0}}, {{'GPU': 1.0}}]. Check `ray status` "
+           "to see if you have enough resources.")
+
+
+def test_waiting_for_a_ray_placement_group_is_a_hang_until_it_is_placed() -> None:
+    warn = ("WARNING 04-01 02:45:50 ray_utils.py:320] The number of required GPUs exceeds the "
+            "total number of available GPUs in the placement group.")
+    ex = explain([warn, PG_WAIT.format(s=0, n=10), PG_WAIT.format(s=20, n=30)])
+    assert ex.outcome == "hung" and ex.root_cause is not None
+    assert ex.root_cause.kind is by_id("ray_placement")
+    assert "for 10 seconds" in ex.root_cause.line
+    assert "ray status" in hint_for(ex.root_cause.kind, ex.root_cause.line)
+    # placed after a while (a node joined late): the run goes on to serve
+    assert explain([*START, PG_WAIT.format(s=0, n=10), *READY[len(START):]]).outcome == "ready"
+
+
+def test_an_offline_run_that_generates_is_ready() -> None:
+    """`LLM.generate`'s progress bar: the engine is up and working, no server to answer."""
+    log = ["INFO 04-03 14:16:33 model_runner.py:1430] Graph capturing finished in 14 secs.",
+           "Processed prompts: 0it [00:00, ?it/s, est. speed input: 0.00 toks/s]"]
+    ex = explain(log)
+    assert ex.outcome == "ready" and ex.to_json()["last_phase"] == "serving"
+
+
+def test_a_qualified_exception_after_a_cut_traceback_is_the_cause() -> None:
+    """A library's own exception class need not end in Error: `pkg.mod.Name: message`."""
+    log = ['    raise OutOfResources(self.metadata.shared, max_shared, "shared memory")',
+           "triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: "
+           "131072, Hardware limit: 65536.",
+           "",
+           "[2024-12-07 02:54:42 TP3] Scheduler hit an exception: Traceback (most recent call "
+           "last):",
+           '  File "/sgl/sglang/srt/managers/scheduler.py", line 1493, in run_scheduler_process']
+    ex = explain(log, engine="sglang")
+    assert ex.outcome == "crashed" and ex.root_cause is not None and not ex.root_cause.missing
+    assert ex.root_cause.line.startswith("triton.runtime.errors.OutOfResources: out of resource")
+    # a module's name (no class) before a colon is no exception
+    assert explain(["vllm.entrypoints.openai.api_server: listening on 8000"]).root_cause is None
+
+
+def test_an_exception_header_without_traceback_takes_its_reason_from_below() -> None:
+    """`ImportError:` alone on its line (sgl_kernel's loader), the reason on the next one."""
+    ex = explain(["ImportError:", "[sgl_kernel] CRITICAL: Could not load any common_ops library!",
+                  "", "Attempted locations:"], engine="sglang")
+    assert ex.outcome == "crashed" and ex.root_cause is not None
+    assert ex.root_cause.line == ("ImportError: — [sgl_kernel] CRITICAL: Could not load any "
+                                  "common_ops library!")
+    assert ex.root_cause.kind is by_id("import")
+
+
+@pytest.mark.parametrize(("line", "class_id"), [
+    ('textPayload: "vllm serve: error: argument --limit-mm-per-prompt: Value image:4 cannot '
+     'be converted"', "cli_args"),
+    ("launch_server.py: error: unrecognized arguments: --bogus", "cli_args"),
+    ("/pytorch/aten/src/ATen/native/cuda/TensorCompare.cu:112: _assert_async_cuda_kernel: "
+     "block: [0,0,0], thread: [0,0,0] Assertion `probability tensor contains either `inf`, "
+     "`nan` or element < 0` failed.", "device_assert"),
+])
+def test_a_fatal_line_on_stderr_alone_is_a_crash(line: str, class_id: str) -> None:
+    """argparse's usage error exits 2, a kernel's failed assert loses the CUDA context: the
+    line needs no traceback to show the process could not go on, even after serving."""
+    serving = "[2026-04-13 10:35:43 PP1 ATTN_CP2 TP2] Decode batch, #running-req: 1, #queue-req: 0"
+    for log in ([line], [serving, line]):
+        ex = explain(log, engine="sglang")
+        assert ex.outcome == "crashed" and ex.root_cause is not None
+        assert ex.root_cause.kind is by_id(class_id) and ex.root_cause.line == line.strip()
+    # a library's stderr that is not fatal by itself names a cause but proves no crash
+    assert explain(["NCCL WARN Call to connect returned Connection refused"]).outcome == "unknown"
+
+
+def test_a_request_refused_after_its_traceback_is_no_death() -> None:
+    """One request's error (logged with its traceback) answered 400: the server goes on."""
+    log = [*READY, "ERROR 02-08 11:19:09 serving_chat.py:193] Traceback (most recent call last):",
+           'ERROR 02-08 11:19:09 serving_chat.py:193]   File "/p/json/decoder.py", line 356, in x',
+           "ERROR 02-08 11:19:09 serving_chat.py:193] json.decoder.JSONDecodeError: Expecting "
+           "value: line 1 column 1 (char 0)",
+           'INFO:     10.0.0.5:1886 - "POST /v1/chat/completions HTTP/1.1" 400 Bad Request']
+    assert explain(log).outcome == "ready"
+    # a 500 is what a server answers once its engine is dead: no sign of life
+    assert explain([*log[:-1], log[-1].replace("400 Bad Request", "500 Internal Server Error")]
+                   ).outcome == "crashed"
+
+
+def test_sglangs_own_warmup_request_is_not_serving() -> None:
+    up = ["[2025-05-14 09:31:40] INFO:     Application startup complete."]
+    warmup = '[2025-05-14 09:31:41] INFO:     127.0.0.1:40 - "POST /generate HTTP/1.1" 200 OK'
+    client = '[2025-05-14 09:31:43] INFO:     127.0.0.1:20 - "POST /v1/completions HTTP/1.1" 200 OK'
+    assert explain([*up, warmup], engine="sglang").to_json()["last_phase"] == "api_server"
+    assert explain([*up, warmup, client], engine="sglang").to_json()["last_phase"] == "serving"
+    assert explain([client], engine="sglang").outcome == "ready"
+
+
 # -- several services in one file --------------------------------------------------------------
 
 def test_interleaved_compose_services_get_a_verdict_each() -> None:

@@ -151,6 +151,32 @@ def test_wrappers_are_peeled(raw: str) -> None:
     assert "\x1b" not in line.plain and "#033" not in line.plain
 
 
+@pytest.mark.parametrize(("raw", "level", "message"), [
+    # Python logging's `%(asctime)s %(name)s %(levelname)s` around uvicorn's own record
+    ("2025-03-14 06:05:36.143 uvicorn.error INFO:     Application startup complete.",
+     "INFO", "Application startup complete."),
+    ("2025-03-14 06:05:36.143 vllm.engine WARNING: slow", "WARNING", "slow"),
+    # rich's RichHandler relaying the server's stderr: time column (blank when it repeats),
+    # level column, the server's line, `file.py:N` at the right margin
+    ("                    INFO     OSError: [Errno 48] Address already in use" + " " * 40
+     + "local_server.py:108", None, "OSError: [Errno 48] Address already in use"),
+    ("[05/05/25 16:31:14] INFO     INFO 05-05 16:31:14 [api_server.py:1] vLLM API server "
+     "version 0.8.5" + " " * 12 + "local_server.py:108", "INFO", "vLLM API server version 0.8.5"),
+    # a log viewer's CSV export (CloudWatch): epoch milliseconds, the line quoted, quotes
+    # doubled inside
+    ('1756144012376,"(EngineCore_0 pid=75) ERROR 08-25 10:46:52 [core.py:700]   File '
+     '""/v/vllm/v1/engine/core.py"", line 492, in __init__"', "ERROR",
+     'File "/v/vllm/v1/engine/core.py", line 492, in __init__'),
+    # not rich: an indented source line, a message that merely ends in a path
+    ("        raise ValueError(x)  # see a.py:12", None, "raise ValueError(x)  # see a.py:12"),
+])
+def test_a_loggers_name_and_richs_columns_are_peeled(raw: str, level: str | None,
+                                                     message: str) -> None:
+    line = parse_line(raw)
+    assert (line.level, line.message.strip()) == (level, message)
+    assert line.plain == raw or raw.startswith("1756")  # shown as written (CSV: unquoted)
+
+
 @pytest.mark.parametrize("raw", [
     f"{CYAN}(EngineCore_DP0 pid=1){RESET} INFO 01-01 00:00:00 [a.py:1] coloured prefix",
     "\x1b[32m(EngineCore_DP0 pid=1)\x1b[0m INFO 01-01 00:00:00 [a.py:1] \x1b[1mcoloured prefix",

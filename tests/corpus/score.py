@@ -56,10 +56,10 @@ def _norm(text: str) -> str:
 def _line_offsets(data: bytes, wanted: str) -> set[int]:
     """Byte offsets of the lines of `data` equal to `wanted` (as explain counts offsets)."""
     out, offset = set(), 0
-    for raw in data.decode("utf-8", "replace").split("\n"):
-        if raw.rstrip("\r\n") == wanted:
+    for raw in data.split(b"\n"):
+        if raw.decode("utf-8", "replace").rstrip("\r") == wanted:
             out.add(offset)
-        offset += len(raw.encode("utf-8", "replace"))
+        offset += len(raw) + 1
     return out
 
 

@@ -33,7 +33,8 @@ Outcome = Literal["ready", "crashed", "hung", "unknown"]
 # docker compose's `svc-1  | ` (the service name, padded, then a bar)
 _SERVICE_RE = re.compile(r"([A-Za-z0-9][\w.-]*?)(?:[-_]\d+)?\s+\| ")
 # Needles of the hang markers: a line that holds none is no marker (one `in` each).
-_HANG_NEEDLES = ("block found", "atchdog", "Timeout(ms)", "core engine proc")
+_HANG_NEEDLES = ("block found", "atchdog", "Timeout(ms)", "core engine proc",
+                 "placement group of specs")
 
 
 @dataclass(frozen=True, slots=True)

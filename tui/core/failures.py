@@ -31,11 +31,13 @@ class FailureClass:
     statement: bool = True
     warning: bool = False
     raw: bool = False  # a line without a log level (a library's own stderr) says it too
+    fatal: bool = False  # ... and that line alone shows the process could not go on
 
 
 def _c(id: str, label: str, pattern: str, source: str, hint: str, statement: bool = True,
-       warning: bool = False, raw: bool = False) -> FailureClass:
-    return FailureClass(id, label, re.compile(pattern), source, hint, statement, warning, raw)
+       warning: bool = False, raw: bool = False, fatal: bool = False) -> FailureClass:
+    return FailureClass(id, label, re.compile(pattern), source, hint, statement, warning, raw,
+                        fatal)
 
 
 CLASSES: tuple[FailureClass, ...] = (
@@ -85,10 +87,19 @@ CLASSES: tuple[FailureClass, ...] = (
        "rerun with NCCL_DEBUG=INFO to see which link fails; check that every GPU sees its "
        "peers (NCCL_P2P_DISABLE=1 to test) and the network interface (NCCL_SOCKET_IFNAME)",
        raw=True),
+    _c("device_assert", "a GPU kernel's assertion failed",
+       r"\.cu:\d+: .*Assertion|device-side assert",
+       "a kernel's device-side assert(): the CUDA runtime prints 'file.cu:N: function: block: "
+       "[..], thread: [..] Assertion `...` failed.' on stderr (torch's ATen kernels: an index "
+       "out of bounds, a probability tensor with inf/nan), then torch raises 'RuntimeError: "
+       "CUDA error: device-side assert triggered'; the CUDA context is lost with it",
+       "a kernel got bad input (an index out of range, NaN logits): rerun with "
+       "CUDA_LAUNCH_BLOCKING=1 to name the op; check the model's config (vocab size, rope) "
+       "and, while serving, the request that triggered it", raw=True, fatal=True),
     _c("cuda_env", "the GPU runtime failed",
        r"CUDA error|CUDA driver|no kernel image is available|no CUDA-capable device"
        r"|Failed to infer device type|cudaError\w+|CUDA initialization|CUBLAS_STATUS"
-       r"|illegal memory access|device-side assert|HIP error|ACL stream|aclnn\w+ failed"
+       r"|illegal memory access|HIP error|ACL stream|aclnn\w+ failed"
        r"|[Dd]river version is insufficient",
        "torch / the CUDA runtime (RuntimeError: CUDA error: ...), vLLM platforms/ "
        "(RuntimeError: Failed to infer device type), Ascend's ACL",
@@ -102,6 +113,13 @@ CLASSES: tuple[FailureClass, ...] = (
        "quantization method %s is not supported for the current GPU. Minimum capability: %d'",
        "this GPU cannot run that quantisation: pick a checkpoint quantised for it, or run "
        "unquantised"),
+    _c("cli_args", "the command line was refused",
+       r"\S: error: (?:argument |unrecognized arguments|the following arguments are required"
+       r"|one of the arguments|ambiguous option)",
+       "Python's argparse ArgumentParser.error: '%(prog)s: error: %(message)s' on stderr, "
+       "then exit 2 (`vllm serve`, `python -m sglang.launch_server`), before any engine starts",
+       "fix the argument named in the profile's [server] args (`vllm serve --help` lists them)",
+       raw=True, fatal=True),
     _c("config", "the engine refused the configuration",
        r"ValidationError|validation error for|must be divisible by|is not divisible by"
        r"|is greater than the derived max_model_len|exceeds the total number of available GPUs"
@@ -158,6 +176,15 @@ HANG_MARKERS: tuple[FailureClass, ...] = (
        "'Watchdog timeout (...)')",
        "a forward pass did not finish within --watchdog-timeout: look at the stacks of the "
        "scheduler processes"),
+    _c("ray_placement", "Ray cannot place the workers (not enough GPUs in the cluster)",
+       r"Waiting for creating a placement group of specs for \d+ seconds",
+       "vLLM executor/ray_utils.py _wait_until_pg_ready logger.info('Waiting for creating a "
+       "placement group of specs for %d seconds. specs=%s. Check `ray status` ...'), after "
+       "10 s and then at doubling intervals until PG_WAIT_TIMEOUT (1800 s) raises ValueError",
+       "the Ray cluster lacks the GPUs the specs ask for: `ray status` shows what joined; "
+       "start the missing nodes, set RAY_ADDRESS so vLLM joins the cluster instead of "
+       "starting its own, and make VLLM_HOST_IP match the IP Ray registered each node under",
+       statement=False),
     _c("engine_wait", "the engine processes never came up",
        r"Waiting for \d+ (?:local, \d+ remote )?core engine proc\(s\) to start",
        "vLLM v1/engine/utils.py wait_for_engine_startup logger.debug('Waiting for %d local, "
@@ -180,6 +207,13 @@ def classify(text: str) -> FailureClass | None:
     """The first class whose words are in `text` (a root-cause line), or None."""
     text = text[:_READ]
     return next((c for c in CLASSES if c.pattern.search(text)), None)
+
+
+def fatal_statement(message: str) -> bool:
+    """A line without a log level that shows by itself its process could not go on (argparse's
+    usage error, a kernel's failed assertion): evidence of a crash, not only a cause."""
+    kind = classify(message)
+    return kind is not None and kind.fatal
 
 
 def states_cause(message: str, level: str | None) -> bool:

@@ -133,7 +133,16 @@ _WRAPPER_RE = re.compile(
     r"|\[(?:rank|default)\d+\]: ?"
     r"|\d\d:\d\d:\d\d(?:[.,]\d+)? \[[A-Z]+\](?: \[[^\]]*\])* "
     r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [\w./-]+(?:\[\d+\])?: "
+    # a Python logging format's `%(name)s %(levelname)s` (`uvicorn.error INFO:`, a wrapper's
+    # `1 kserve INFO`): the logger's name before the level
+    r"|(?:\d+ )?[a-z_]\w*(?:\.\w+)* (?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)[: ])"
 )
+# rich's RichHandler (a tool that launches the server and relays its output): a time column
+# (blank when the second repeats), a level column, the message, and `file.py:N` at the right
+# margin. The server's own line is the message.
+_RICH_RE = re.compile(
+    r"(?:\[[\d/.: -]{8,20}\]|\s{8,}) ?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +(\S.*?)"
+    r" +[\w.-]+\.py:\d+$")
 _MONTH_INITIALS = frozenset("JFMASOND")
 
 # `(Name pid=N) `, `(VllmWorker rank=0 pid=N)`, `(VllmWorker TP2 pid=N)`,
@@ -154,11 +163,12 @@ _HEADER_RE = re.compile(
     r"(?: \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? (?:\[?[\w./-]+:\d+\] ?)?|:\s+)"
 )
 _LEVEL_INITIALS = frozenset("DIWEC")
-# SGLang: `[2025-08-04 10:10:06 TP3] `, `[... DP0 TP3 EP3] `: the rank tag of a scheduler
+# SGLang: `[2025-08-04 10:10:06 TP3] `, `[... DP0 TP3 EP3] `, `[... PP1 ATTN_CP2 TP2] `: the
+# rank tag of a scheduler
 # process (titled `sglang::scheduler_TP3`). Without a tag (TP=1, the launcher) the stamp is
 # peeled like any timestamp wrapper.
 _SGLANG_TAG_RE = re.compile(
-    r"\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:[.,]\d+)?((?: [A-Z]{2,}\d+)+)\] ?")
+    r"\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:[.,]\d+)?((?: [A-Z][A-Z_]+\d+)+)\] ?")
 # The end of a vLLM header whose start a copy lost: `[multiproc_executor.py:492] `
 _HEADER_TAIL_RE = re.compile(r"\[?[\w./-]+\.py:\d+\] ")
 _PREFIX_COLOUR, _PREFIX_RESET = "\x1b[1;36m(", "\x1b[0;0m"  # 7 + "(", and 6 characters
@@ -168,7 +178,7 @@ def _peel_wrappers(s: str) -> str:
     for _ in range(5):
         c = s[:1]
         if not (c.isdigit() or c == "[" or " |" in s or (c in _MONTH_INITIALS and s[3:4] == " ")
-                or s[:7] in ("stdout ", "stderr ")):
+                or s[:7] in ("stdout ", "stderr ") or c.islower()):
             return s
         m = _WRAPPER_RE.match(s)
         if m is None:
@@ -253,6 +263,10 @@ def parse_line(raw: str, offset: int = -1) -> LogLine:
     s = raw.rstrip("\n") if raw[-1:] == "\n" else raw
     if "#" in s and ("#0" in s or "#177" in s):
         s = _decode_syslog(s)
+    if s[13:14] == "," and s[:13].isdigit():  # a log viewer's CSV export (CloudWatch:
+        s = s[14:]  # `1756144012376,"<the line>"`, epoch milliseconds, quotes doubled inside)
+        if s[:1] == '"' and s[-1:] == '"':
+            s = s[1:-1].replace('""', '"')
     carried: tuple[str | None, int | None] = (None, None)
     if s[:8] == _PREFIX_COLOUR:  # vLLM's own cyan prefix: sliced off, cheaper than a regex
         k = s.find(_PREFIX_RESET, 8, 200)
@@ -264,6 +278,10 @@ def parse_line(raw: str, offset: int = -1) -> LogLine:
         else:
             s = _strip(s)
     plain = s
+    if (s[:1] == "[" or s[:8] == "        ") and s[-1:].isdigit() and ".py:" in s[-40:]:
+        rich = _RICH_RE.match(s)
+        if rich is not None:
+            s = rich.group(1)
     body = _peel_wrappers(s) if s[:1] != "(" else s
     proc: str | None = None
     pid: int | None = None

@@ -158,15 +158,29 @@ def _compile_total(msg: str) -> PhaseHit:
 
 
 _IN_COMPILE = PhaseHit(Phase.COMPILE)
-_ANSWERED = re.compile(r'"POST /\S+ HTTP/1\.\d" 2\d\d\b')
+_ANSWERED = re.compile(r'"POST /\S+ HTTP/1\.\d" [24]\d\d\b')
 _SERVING_HIT = PhaseHit(Phase.SERVING)
 
 
 def _answered(msg: str) -> PhaseHit | None:
     """uvicorn's access line (`127.0.0.1:5 - "POST /v1/completions HTTP/1.1" 200 OK`): the
-    engine did work for a request, so it serves. A GET is no proof (vLLM's API server answers
-    /v1/models after its engine died; /health is the console's own probe)."""
+    engine did work for a request, so it serves; a 4xx is a request refused by a server that
+    goes on (a traceback logged for one request is not the server's death). A GET is no proof
+    (vLLM's API server answers /v1/models after its engine died; /health is the console's own
+    probe), nor a 5xx (what it answers once the engine is dead)."""
     return _SERVING_HIT if _ANSWERED.search(msg) is not None else None
+
+# SGLang's launcher warms the server up with one request of its own (entrypoints/http_server.py
+# _execute_server_warmup: POST /generate, /encode, or /v1/chat/completions for a VLM), answered
+# before "fired up": only an answer on another path shows a client served.
+_SGLANG_WARMUP = re.compile(r'"POST /(?:generate|encode|v1/chat/completions)[ ?]')
+
+
+def _answered_sglang(msg: str) -> PhaseHit | None:
+    if _ANSWERED.search(msg) is None or _SGLANG_WARMUP.search(msg) is not None:
+        return None
+    return _SERVING_HIT
+
 
 # (first characters of the message, needle it must contain, handler); first hit wins.
 _RULES: tuple[tuple[str, str, _Handler], ...] = (
@@ -220,6 +234,8 @@ _RULES: tuple[tuple[str, str, _Handler], ...] = (
     ("U", "Uvicorn running on", _fixed(Phase.READY_LOG)),
     ("AE", "Avg prompt throughput", _fixed(Phase.SERVING)),
     ("S", "SpecDecoding metrics", _fixed(Phase.SERVING)),
+    # an offline run (`LLM.generate`, entrypoints/llm.py _run_engine's tqdm bar): generating
+    ("P", "Processed prompts", _fixed(Phase.SERVING)),
     ("0123456789", ' HTTP/1.', _answered),
 )
 
@@ -262,6 +278,7 @@ _SGLANG_RULES: tuple[tuple[str, str, _Handler], ...] = (
     ("U", "Uvicorn running on", _detail(Phase.API_SERVER, r"running on (\S+)")),
     ("T", "fired up and ready to roll", _fixed(Phase.READY_LOG)),
     ("D", "Decode batch", _fixed(Phase.SERVING)),
+    ("0123456789", ' HTTP/1.', _answered_sglang),
 )
 
 

@@ -30,7 +30,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from tui.core.failures import FailureClass, classify, states_cause
+from tui.core.failures import FailureClass, classify, fatal_statement, states_cause
 from tui.core.logline import LogLine
 from tui.core.noise import NoiseFilter
 
@@ -105,10 +105,13 @@ _HEADER_WRAPPER_RE = re.compile(
 _CONSEQUENCE_RE = re.compile(r"(?:[\w.]+\.)?(?:KeyboardInterrupt|SystemExit|CancelledError)\b")
 # The last line of a traceback: `pkg.mod.Name: message`, `Name:` or a bare `Name`.
 _EXCEPTION_RE = re.compile(r"([A-Za-z_][\w.]*)(?::(?: .*)?)?$")
-# ... and, where indentation was lost, a name that is an exception's: `...Error`, `...Exception`.
+# ... and, where indentation was lost, a name that is an exception's: `...Error`, `...Exception`,
+# or a class named with its module path and a message (`triton.runtime.errors.OutOfResources:
+# out of resource: shared memory`, `torch._dynamo.exc.Unsupported: ...`): a library's own
+# exception classes need not end in Error.
 _NAMED_EXCEPTION_RE = re.compile(
     r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure|Timeout|Warning)"
-    r"(?::(?: .*)?)?$")
+    r"(?::(?: .*)?)?$|(?:[a-z_]\w*\.){2,}[A-Z]\w*: .*$")
 # An exception named inside an ERROR record that has no traceback.
 _ERROR_EXCEPTION_RE = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b|\bError: |\[Errno \d+\]")
 _FRAME_RE = re.compile(r'\s*File "([^"]+)", line (\d+)(?:, in (\S+))?')
@@ -214,6 +217,8 @@ class RootCauseTracker:
         # the last ERROR record of each process, while it may head a traceback that follows
         self._preface: dict[object, LogLine] = {}
         self._stopping = False
+        # an exception header whose message is still coming, line by line (its process key)
+        self._unfinished: tuple[object, _Candidate] | None = None
         self.last_symptom_offset = -1
         self.last_exception_offset = -1
         self.last_cut_offset = -1  # where the last traceback without an exception line began
@@ -271,7 +276,7 @@ class RootCauseTracker:
         noise rule hides (`hidden`, per line), are passed over outside a traceback."""
         feed = self.feed
         for i, line in enumerate(lines):
-            if hidden is not None and hidden[i] and not self._open:
+            if hidden is not None and hidden[i] and not self._open and self._unfinished is None:
                 continue
             level = line.level
             if (level == "INFO" or level == "DEBUG") and not self._open:
@@ -284,6 +289,8 @@ class RootCauseTracker:
     def feed(self, line: LogLine) -> None:
         msg = line.message
         key = line.pid if line.pid is not None else line.proc
+        if self._unfinished is not None and self._message_goes_on(key, msg):
+            return
         carry, self._carry = self._carry, None
         if self._open:
             at = carry if key is None and carry is not None else key
@@ -323,17 +330,36 @@ class RootCauseTracker:
                 self._candidate(line, msg.strip(), [msg], weak=True, evidence=False)
         elif level is None:
             if not self._symptom(line, msg) and msg[:1] not in (" ", "\t"):
-                if ": " in msg[:256] and _NAMED_EXCEPTION_RE.match(msg[:256]) is not None:
-                    # a traceback's last line whose frames are not in this log
-                    self._candidate(line, msg.strip(), [msg])
+                if ((": " in msg[:256] or msg[-1:] == ":")
+                        and _NAMED_EXCEPTION_RE.match(msg[:256]) is not None):
+                    # a traceback's last line whose frames are not in this log; a bare
+                    # `ImportError:` header takes its reason from the lines below
+                    cand = self._candidate(line, msg.strip(), [msg])
+                    if cand is not None and cand.wants_more:
+                        self._unfinished = (key, cand)
                 elif states_cause(msg, None):  # a library's own stderr: CUDA, NCCL WARN
-                    self._candidate(line, msg.strip(), [msg], weak=True, evidence=False)
+                    self._candidate(line, msg.strip(), [msg], weak=True,
+                                    evidence=fatal_statement(msg))
         elif "xited" in msg or "died" in msg:
             self._symptom(line, msg)
         if key is None and level is None:
             # multiprocessing prints `Process EngineCore_DP0:` above a raw traceback: its name.
             m = _PROCESS_HEADER_RE.match(msg) if msg.startswith("Process ") else None
             self._process_header = m.group(1) if m else None
+
+    def _message_goes_on(self, key: object, msg: str) -> bool:
+        """A line under an exception header printed without its traceback (`ImportError:`
+        alone, the reason below it): part of the message, up to a blank line."""
+        assert self._unfinished is not None
+        at, cand = self._unfinished
+        text = msg.strip()
+        if at != key or not text or msg.endswith(_TB_START) or text.startswith('File "'):
+            self._unfinished = None
+            return False
+        cand.more.append(text)
+        if len(cand.more) >= _MESSAGE_MORE_MAX:
+            self._unfinished = None
+        return True
 
     def in_traceback(self) -> bool:
         """A traceback is being assembled: its next lines must all be fed."""
