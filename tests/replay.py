@@ -106,7 +106,7 @@ def _tree(api: int, core: int, workers: list[int], t0: float, at: float,
 
 def _gpus(t0: float, at: float, gib: list[float]) -> Gpus:
     return Gpus(t0 + at, tuple(
-        GpuInfo(i, "NVIDIA H200", int(gib[i] * GIB), 141 * GIB, 35 + 5 * (i % 3),
+        GpuInfo(i, "NVIDIA H100 80GB HBM3", int(gib[i] * GIB), 141 * GIB, 35 + 5 * (i % 3),
                 (GpuProc(WORKERS[i], int(gib[i] * GIB)),))
         for i in range(8)))
 

@@ -23,8 +23,7 @@ def test_a_venv_without_ensurepip_gets_pip_from_pypi(tmp_path: Path,
         real_create(self, env_dir)
 
     monkeypatch.setattr(venv.EnvBuilder, "create", create_without_ensurepip)
-    monkeypatch.setattr(bootstrap, "VENV", tmp_path / "venv")
-    bootstrap.ensure_venv()
+    bootstrap.make_venv(tmp_path / "venv")
     pip = subprocess.run([str(tmp_path / "venv" / "bin" / "python"), "-m", "pip", "--version"],
                          capture_output=True, text=True)
     assert pip.returncode == 0 and str(tmp_path / "venv") in pip.stdout

@@ -16,7 +16,9 @@ from tui.console.app import ConsoleApp
 from tui.console.keys import KEYS, bindings
 from tui.console.screens.help import HelpScreen
 from tui.console.screens.picker import PickerApp
+from tui.core.gpuview import GpuRow
 from tui.core.profile import load_profile
+from tui.core.protocol import GpuInfo
 from tui.supervise.supervisor import Supervisor
 
 PROFILES = Path(__file__).parent.parent / "profiles"
@@ -204,3 +206,29 @@ def test_the_gpu_pane_tells_no_nvml_from_no_data_yet(nvml_ok: bool, error: str |
     assert changed.rows == ()
     assert text.plain.startswith(shown)
     assert ("no GPU data will come" in text.plain) is (not nvml_ok)
+
+
+def _gpu_rows(holder: int | None, lagging: bool = False) -> tuple[GpuRow, ...]:
+    return tuple(GpuRow(GpuInfo(i, "NVIDIA H200 (simulated)", 0, 141 << 30, 0), (), holder,
+                        lagging) for i in range(8))
+
+
+@pytest.mark.parametrize(("width", "holder", "lagging", "expected"), [
+    # 160 columns leave the GPU pane 60: the name whole, the bar and the sparkline share the rest
+    (60, None, False, (16, 12, 7)),
+    (60, 23597, False, (16, 7, 4)),
+    (60, 23597, True, (13, 8, 0)),  # a lagging mark takes 7: the name gives way to the bar
+    (96, 23597, False, (16, 28, 19)),
+    (40, 23597, False, (10, 8, 0)),  # narrow: name 10, bar 8, no sparkline; the rest cropped
+])
+def test_the_gpu_rows_show_the_device_name_whole_where_the_row_has_room(
+        width: int, holder: int | None, lagging: bool, expected: tuple[int, int, int]) -> None:
+    from tui.console.widgets.gpus import row_columns
+
+    rows = _gpu_rows(holder, lagging)
+    names = [r.info.name.removeprefix("NVIDIA ") for r in rows]
+    name_w, bar_w, spark_w = row_columns(rows, names, width)
+    assert (name_w, bar_w, spark_w) == expected
+    tail = len(f" pid {holder}" if holder else " —") + (7 if lagging else 0)
+    drawn = 2 + name_w + 1 + bar_w + 15 + 4 + (1 + spark_w if spark_w else 0) + tail
+    assert width < 60 or drawn <= width

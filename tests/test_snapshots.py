@@ -43,6 +43,8 @@ async def settle(pilot: Pilot[str]) -> None:
     ("serving", serving_script, (200, 50)),
     ("dead", dead_script, (200, 50)),
     ("loading-80x24", loading_script, (80, 24)),
+    ("serving-160x45", serving_script, (160, 45)),
+    ("dead-160x45", dead_script, (160, 45)),
 ])
 def test_console_snapshot(snap_compare, name: str, script, size: tuple[int, int]) -> None:
     assert snap_compare(console(script), terminal_size=size, run_before=settle)

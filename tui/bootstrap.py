@@ -1,12 +1,16 @@
 """Set up a virtual environment and run the demo, the test suite, the real-log corpus score,
 the fault lab or the real-vLLM lane: `python3 -m tui.bootstrap demo|test|score|lab|vllm`.
 
-Stdlib only, so it runs on a fresh machine with nothing but Python 3.10+. Debian's python3
-lacks ensurepip unless python3-venv is installed; then the venv is made without pip and pip's
-wheel is fetched from PyPI. Re-running is cheap: the install is skipped while pyproject.toml
-is unchanged. The vLLM lane's own environment (3.5 GB) lives outside the repository, made and
-reused by tests/vllm_lane/setup_env.py; the fault lab's Ray environment likewise, by
-ensure_lab_env (in $SPECCONSOLE_LAB_ENV or ~/.cache/specconsole/lab-ray).
+Stdlib only, so it runs on a fresh machine with nothing but Python 3.10+. The project's venv is
+synced by uv from uv.lock, the lock of the whole dependency tree, so that what passed CI today
+installs the same tomorrow; `test --latest` runs the suite once more in a throw-away venv with
+the newest versions pyproject.toml's ranges allow, to find upstream drift before users do. uv
+itself (a pinned version) lives in a small venv of its own under ~/.cache/specconsole/tools.
+Debian's python3 lacks ensurepip unless python3-venv is installed; then that venv is made
+without pip and pip's wheel is fetched from PyPI. The vLLM lane's own environment (3.5 GB)
+lives outside the repository, made and reused by tests/vllm_lane/setup_env.py; the fault lab's
+Ray environment likewise, by ensure_lab_env (in $SPECCONSOLE_LAB_ENV or
+~/.cache/specconsole/lab-ray).
 """
 
 from __future__ import annotations
@@ -27,10 +31,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("SPECCONSOLE_VENV", ROOT / ".venv"))
 PYPI_PIP = "https://pypi.org/pypi/pip/json"
+UV_VERSION = "0.13.9"
+TOOLS = Path(os.environ.get("SPECCONSOLE_TOOLS",
+                            Path.home() / ".cache" / "specconsole" / "tools"))
+LOCK = ROOT / "uv.lock"
 
 
-def _python() -> Path:
-    return VENV / "bin" / "python"
+def _python(venv_dir: Path | None = None) -> Path:
+    return (venv_dir or VENV) / "bin" / "python"
 
 
 def _fetch_pip_wheel(into: Path) -> Path:
@@ -45,44 +53,108 @@ def _fetch_pip_wheel(into: Path) -> Path:
     return wheel
 
 
-def ensure_venv() -> None:
-    if _python().exists():
+def make_venv(venv_dir: Path) -> None:
+    """A venv with pip at `venv_dir` (kept when it is there already)."""
+    if _python(venv_dir).exists():
         return
-    print(f"bootstrap: creating {VENV}", flush=True)
+    print(f"bootstrap: creating {venv_dir}", flush=True)
     try:
-        venv.EnvBuilder(with_pip=True).create(VENV)
+        venv.EnvBuilder(with_pip=True).create(venv_dir)
     except (subprocess.CalledProcessError, OSError):
         print("bootstrap: no ensurepip here; fetching pip from PyPI", flush=True)
-        venv.EnvBuilder(with_pip=False, clear=True).create(VENV)
+        venv.EnvBuilder(with_pip=False, clear=True).create(venv_dir)
         with tempfile.TemporaryDirectory() as tmp:
             wheel = _fetch_pip_wheel(Path(tmp))
-            subprocess.run([str(_python()), f"{wheel}/pip", "install", "-q", str(wheel)],
+            subprocess.run([str(_python(venv_dir)), f"{wheel}/pip", "install", "-q", str(wheel)],
                            check=True)
 
 
+def ensure_uv() -> Path:
+    """The pinned uv, in a venv of its own (made once, shared by every checkout)."""
+    home = TOOLS / f"uv-{UV_VERSION}"
+    uv = home / "bin" / "uv"
+    if not uv.exists():
+        make_venv(home)
+        print(f"bootstrap: installing uv {UV_VERSION} into {home}", flush=True)
+        why = _step([str(_python(home)), "-m", "pip", "install", "-q",
+                     "--disable-pip-version-check", f"uv=={UV_VERSION}"],
+                    f"pip install uv=={UV_VERSION}")
+        if why is not None:
+            raise SystemExit(f"bootstrap: {why}")
+    return uv
+
+
+def _uv_env(venv_dir: Path) -> dict[str, str]:
+    """uv acting on `venv_dir` with this interpreter; never a Python of its own download."""
+    return {**os.environ, "UV_PROJECT_ENVIRONMENT": str(venv_dir),
+            "UV_PYTHON": sys.executable, "UV_PYTHON_DOWNLOADS": "never",
+            "VIRTUAL_ENV": str(venv_dir)}
+
+
 def ensure_installed(extra: str) -> None:
-    target = f".[{extra}]" if extra else "."
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + target.encode()).hexdigest()
-    stamp = VENV / f".specconsole-installed-{extra or 'base'}"
-    if stamp.exists() and stamp.read_text() == digest:
-        return
-    print(f"bootstrap: installing specconsole{f'[{extra}]' if extra else ''} into {VENV}",
-          flush=True)
-    subprocess.run([str(_python()), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    "-e", target], cwd=ROOT, check=True)
-    stamp.write_text(digest)
+    """The venv as uv.lock says (with the extra). `test` syncs exactly; the demo only adds,
+    so that a demo run after the tests leaves their tools in place."""
+    uv = ensure_uv()
+    argv = [str(uv), "sync", "--frozen", "--quiet"]
+    argv += ["--extra", extra] if extra else ["--inexact"]
+    subprocess.run(argv, cwd=ROOT, env=_uv_env(VENV), check=True)
 
 
-def run_tests(extra_args: list[str]) -> int:
+def run_tests(extra_args: list[str], venv_dir: Path | None = None) -> int:
     """Lint (ruff), architecture contracts (import-linter), then the pytest suite."""
-    bin_dir = VENV / "bin"
+    bin_dir = (venv_dir or VENV) / "bin"
     for step in ([str(bin_dir / "ruff"), "check", "tui", "tests"],
                  [str(bin_dir / "lint-imports")]):
         print(f"bootstrap: {Path(step[0]).name} {' '.join(step[1:])}",
               flush=True)
         if subprocess.run(step, cwd=ROOT).returncode != 0:
             return 1
-    return subprocess.run([str(_python()), "-m", "pytest", *extra_args], cwd=ROOT).returncode
+    return subprocess.run([str(_python(venv_dir)), "-m", "pytest", *extra_args],
+                          cwd=ROOT).returncode
+
+
+def _versions(lines: str) -> dict[str, str]:
+    """`name==version` lines (uv export, uv pip freeze) as {normalised name: version}."""
+    found = {}
+    for line in lines.splitlines():
+        name, sep, version = line.partition("==")
+        if sep and not line.startswith(("#", " ", "-")):
+            found[name.strip().lower().replace("_", "-")] = version.split(";")[0].strip()
+    return found
+
+
+def drift(locked: dict[str, str], latest: dict[str, str]) -> str:
+    """The packages whose newest allowed version differs from the lock, as one line."""
+    moved = [f"{name} {locked.get(name, '—')} → {latest.get(name, '—')}"
+             for name in sorted({*locked, *latest}) if locked.get(name) != latest.get(name)
+             and name != "specconsole"]
+    return ", ".join(moved) or "none"
+
+
+def run_latest(extra_args: list[str]) -> int:
+    """The suite in a throw-away venv with the newest versions the ranges allow; on failure,
+    one line naming the packages that differ from uv.lock (refresh it: README)."""
+    uv = ensure_uv()
+    with tempfile.TemporaryDirectory(prefix="specconsole-latest-") as tmp:
+        latest_venv = Path(tmp) / "venv"
+        env = _uv_env(latest_venv)
+        subprocess.run([str(uv), "venv", "--quiet", str(latest_venv)], env=env, check=True)
+        subprocess.run([str(uv), "pip", "install", "--quiet", "--upgrade", "-e", ".[test]"],
+                       cwd=ROOT, env=env, check=True)
+        locked = _versions(subprocess.run(
+            [str(uv), "export", "--frozen", "--no-hashes", "--extra", "test", "--quiet"],
+            cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout)
+        latest = _versions(subprocess.run([str(uv), "pip", "freeze"], cwd=ROOT, env=env,
+                                          check=True, capture_output=True, text=True).stdout)
+        moved = drift(locked, latest)
+        print(f"bootstrap: newest allowed versions that differ from uv.lock: {moved}",
+              flush=True)
+        code = run_tests(extra_args, latest_venv)
+    if code != 0:
+        print(f"bootstrap: the suite fails with the newest dependencies (exit {code}); "
+              f"moved since uv.lock: {moved} — fix, then refresh the lock (`uv lock --upgrade`)",
+              file=sys.stderr)
+    return code
 
 
 def run_vllm_lane(extra_args: list[str]) -> int:
@@ -241,11 +313,10 @@ def run_score(extra_args: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("demo", "test", "score", "lab", "vllm"):
-        print("usage: python3 -m tui.bootstrap demo [demo options] | test [pytest options]"
-              " | score [--show] | lab [pytest options] | vllm [pytest options]",
+        print("usage: python3 -m tui.bootstrap demo [demo options] | test [--latest] [pytest "
+              "options] | score [--show] | lab [pytest options] | vllm [pytest options]",
               file=sys.stderr)
         return 2
-    ensure_venv()
     if argv[0] == "demo":
         ensure_installed("")
         return subprocess.run([str(VENV / "bin" / "specconsole"), "demo", *argv[1:]],
@@ -262,6 +333,8 @@ def main(argv: list[str]) -> int:
         return run_vllm_lane(argv[1:])
     if argv[0] == "lab":
         return run_lab_lane(argv[1:])
+    if argv[1:2] == ["--latest"]:
+        return run_latest(argv[2:])
     return run_tests(argv[1:])
 
 

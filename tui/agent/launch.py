@@ -48,7 +48,7 @@ def cmd_launch(spec: dict) -> int:
             "run_id": run_id, "profile_key": spec.get("profile_key"),
             "argv": [redact(a, secrets) for a in argv], "env_names": sorted(env),
             "cwd": redact(cwd, secrets), "started": time.time(), "agent_version": AGENT_VERSION,
-            "secret_hashes": secret_hashes(secrets),
+            "secret_hashes": secret_hashes(secrets), "served": spec.get("served"),
         })
         log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     except OSError as exc:  # a full disk: no half-made run is left behind

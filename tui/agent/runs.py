@@ -29,6 +29,7 @@ def cmd_runs(spec: dict) -> int:
             "run_id": run.run_id, "profile_key": run.launch.get("profile_key"),
             "run_dir": run.dir, "started": run.launch.get("started"), "pid": run.top_pid,
             "alive": run.top_alive(), "exit": run.exit_info(),
+            "served": run.launch.get("served"),
         })
     runs.sort(key=lambda r: r["started"] if isinstance(r["started"], (int, float)) else 0,
               reverse=True)

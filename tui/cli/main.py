@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import signal
 import sqlite3
 import sys
 import time
@@ -53,6 +54,10 @@ from tui.supervise.supervisor import (
     StacksTaken,
     Supervisor,
 )
+
+# What ends a command from outside: the terminal hung up, or a polite TERM.
+HANGUP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
+EXIT_HANGUP = 128 + signal.SIGHUP
 
 
 def _err(message: str) -> None:
@@ -496,7 +501,13 @@ async def cmd_demo_headless(args: argparse.Namespace) -> int:
         # engine-killed dies while serving: keep watching past READY to show the death
         ns = argparse.Namespace(launch=True, skip_preflight=False, timeout=None,
                                 kill_leftovers=False)
-        code = await _wait(sup, ns, out, past_ready=args.scenario == "engine-killed")
+        with _cancelled_on_hangup() as hung_up:
+            try:
+                code = await _wait(sup, ns, out, past_ready=args.scenario == "engine-killed")
+            except asyncio.CancelledError:
+                if not hung_up:
+                    raise
+                return EXIT_HANGUP
         if sup.machine.state is State.READY:
             out.say("the simulated server is serving; stopping it (the demo cleans up)")
         return code
@@ -504,6 +515,28 @@ async def cmd_demo_headless(args: argparse.Namespace) -> int:
         if sup.run is not None:  # even on Ctrl-C: the demo leaves nothing running
             await asyncio.shield(sup.kill(2.0))
         await sup.close()
+
+
+@contextlib.contextmanager
+def _cancelled_on_hangup() -> Iterator[list[int]]:
+    """SIGHUP (the terminal gone) or SIGTERM cancel the current task, so that its `finally`
+    cleans up; the list it yields holds the signal once one came."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    came: list[int] = []
+
+    def hung_up(signum: int) -> None:
+        came.append(signum)
+        task.cancel()
+
+    for signum in HANGUP_SIGNALS:
+        loop.add_signal_handler(signum, hung_up, signum)
+    try:
+        yield came
+    finally:
+        for signum in HANGUP_SIGNALS:
+            loop.remove_signal_handler(signum)
 
 
 def cmd_demo(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
@@ -557,8 +590,9 @@ def _run_console(runs: list[Run], *, launch: bool, profile_args: list[str], demo
         if demo and not app.demo_stopped:  # the demo leaves nothing running, even on ^C
             for member in (m for run in runs for m in run.members if m.sup.run is not None):
                 asyncio.run(_stop_demo(member.sup.profile))
-    for line in (message or "").splitlines():
-        print(f"specconsole: {strip_escapes(line)}")
+    with contextlib.suppress(OSError):  # after a hangup there is no terminal to say it on
+        for line in (message or "").splitlines():
+            print(f"specconsole: {strip_escapes(line)}")
     return app.return_code or 0
 
 

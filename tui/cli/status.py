@@ -93,23 +93,25 @@ async def phase_of(session: Session, record: RunRecord, profile: Profile,
     text = head.stdout.decode("utf-8", "replace").splitlines()
     if len(head.stdout) >= HEAD_BYTES:  # more than the head: its tail too, from a whole line
         text += tail.stdout.decode("utf-8", "replace").splitlines()[1:]
-    phase = explain(text, profile.server.engine).last_phase
+    engine = record.served.engine if record.served else profile.server.engine
+    phase = explain(text, engine).last_phase
     serving = ""
     if record.alive and phase is not None and phase >= Phase.READY_LOG:
-        sample = await serving_of(session, profile, text)
+        sample = await serving_of(session, profile, text,
+                                  record.served.port if record.served else None)
         serving = serving_words(sample) if sample is not None else ""
     return (phase.label if phase is not None else "—"), serving
 
 
 async def serving_of(session: Session, profile: Profile, text: Sequence[str],
-                     ) -> ServingSample | None:
+                     port: int | None = None) -> ServingSample | None:
     """The server's /metrics (asked from its host), with the throughput of its last stats
     line where the metrics need two readings to give it; either alone when that is all."""
     now = time.time()
     logged = next((s for line in reversed(text)
                    if (s := parse_log_line(line, now)) is not None), None)
     try:
-        reply = await launcher.http(session, profile, "/metrics", timeout=3.0)
+        reply = await launcher.http(session, profile, "/metrics", timeout=3.0, port=port)
     except SpecconsoleError:
         return logged
     scraped = ServingReadout().feed_metrics(reply.body, now) if reply.status == 200 else None

@@ -12,7 +12,9 @@ the servers running (the demo stops its own) and says so for each.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -85,6 +87,10 @@ class Watch:
     @property
     def sup(self) -> Supervisor:
         return self.member.sup
+
+
+# What ends the console from outside: a hangup, and a polite TERM.
+HANGUP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
 
 
 class ConsoleApp(App[str]):
@@ -168,9 +174,19 @@ class ConsoleApp(App[str]):
         else:
             self.current.panes.log_view.focus()
         self.set_interval(1.0, self._tick)
+        loop = asyncio.get_running_loop()
+        for hangup in HANGUP_SIGNALS:  # not on a loop outside the main thread (some tests)
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(hangup, self._hung_up)
         if self.heap is not None:
             self.set_interval(0.25, self._collect_if_quiet)
         self.run_worker(self._supervise(), name="supervise", exit_on_error=False)
+
+    def _hung_up(self) -> None:
+        """The terminal went away (its tmux window closed, the SSH session to the jump host
+        dropped) or we were asked to end: leave at once, drawing nothing more. The servers
+        keep running as on `q`; the demo's is stopped by its caller (cli.main), as on `q`."""
+        self.exit(self._farewell() if not self.demo else None)
 
     async def on_unmount(self) -> None:
         """However the app ends, stop watching and drop the sessions (the servers stay)."""

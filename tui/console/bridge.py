@@ -158,7 +158,7 @@ class Bridge:
             elif isinstance(event, Ready):
                 self.ready_took = event.took
                 out.append(AlertRaised("ready", f"READY — took {duration(event.took)}",
-                                       f"serving on port {self.sup.profile.server.port}",
+                                       f"serving on port {self.sup.served.port}",
                                        ring=True))
                 run_changed = True
             elif isinstance(event, StateChanged):

@@ -19,8 +19,25 @@ from secrets import token_hex
 
 from tui.core.errors import ProfileError
 from tui.core.profile import Profile, SimulateConfig
+from tui.core.protocol import Served
 
 REDACTED = "«redacted»"
+# What the agent asks a server until it answers: readiness first, then the OpenAI route.
+HEALTH_PATHS = ("/health", "/v1/models")
+
+
+def served_by(profile: Profile) -> Served:
+    """How a server launched from this profile now is reached (recorded with the run)."""
+    return Served(engine=profile.server.engine, port=profile.server.port, health=HEALTH_PATHS)
+
+
+def served_changes(launched: Served, profile: Profile) -> list[str]:
+    """What the profile says now that differs from what the run was launched with."""
+    now = served_by(profile)
+    return [f"{what} {then} (the profile now says {current})"
+            for what, then, current in (("engine", launched.engine, now.engine),
+                                        ("port", launched.port, now.port))
+            if then != current]
 
 
 def shell_join(argv: Iterable[str]) -> str:

@@ -182,6 +182,26 @@ class Killed:
 
 
 @dataclass(frozen=True, slots=True)
+class Served:
+    """How a run's server is reached and read, as it was launched (recorded in launch.json):
+    attaching probes these, never the profile's current values, which may have changed."""
+
+    engine: str
+    port: int
+    health: tuple[str, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"engine": self.engine, "port": self.port, "health": list(self.health)}
+
+
+def _served(d: Any) -> Served | None:
+    if not isinstance(d, dict) or not isinstance(d.get("port"), int):
+        return None  # a run launched before launch.json recorded it
+    return Served(engine=str(d.get("engine") or ""), port=int(d["port"]),
+                  health=tuple(str(p) for p in d.get("health") or ()))
+
+
+@dataclass(frozen=True, slots=True)
 class RunRecord:
     run_id: str
     profile_key: str
@@ -190,6 +210,7 @@ class RunRecord:
     pid: int | None
     alive: bool
     exit: dict[str, Any] | None
+    served: Served | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +335,8 @@ def _holder(d: dict[str, Any]) -> GpuHolder:
 def _run(d: dict[str, Any]) -> RunRecord:
     return RunRecord(run_id=str(d["run_id"]), profile_key=str(d.get("profile_key", "")),
                      run_dir=str(d["run_dir"]), started=d.get("started"), pid=d.get("pid"),
-                     alive=bool(d.get("alive")), exit=d.get("exit"))
+                     alive=bool(d.get("alive")), exit=d.get("exit"),
+                     served=_served(d.get("served")))
 
 
 _DECODERS: dict[str, Any] = {

@@ -19,6 +19,7 @@ from tui.core.command import (
     host_python,
     new_run_id,
     resolve_secrets,
+    served_by,
     sim_agent_env,
 )
 from tui.core.errors import AgentError
@@ -72,7 +73,8 @@ def plan_launch(profile: Profile, environ: Mapping[str, str],
 async def launch(session: Session, profile: Profile, plan: LaunchPlan) -> Launched:
     spec = {"run_id": plan.run_id, "runs_dir": profile.host.runs_dir,
             "profile_key": profile.key, "argv": plan.argv, "env": plan.env,
-            "redact": list(plan.secrets), "cwd": profile.host.workdir}
+            "redact": list(plan.secrets), "cwd": profile.host.workdir,
+            "served": served_by(profile).to_wire()}
     for ev in await call_agent(session, agent_target(profile), "launch", spec):
         if isinstance(ev, Launched):
             return ev
@@ -80,10 +82,13 @@ async def launch(session: Session, profile: Profile, plan: LaunchPlan) -> Launch
 
 
 async def http(session: Session, profile: Profile, path: str,
-               body: dict[str, Any] | None = None, timeout: float = 30.0) -> HttpReply:
+               body: dict[str, Any] | None = None, timeout: float = 30.0,
+               port: int | None = None) -> HttpReply:
     """One request to the server, made from the GPU host (the port need not be reachable from
-    here): GET, or POST of `body` as JSON."""
-    spec = {"port": profile.server.port, "path": path, "json": body, "timeout": timeout}
+    here): GET, or POST of `body` as JSON; on `port` (a run's, as launched), else the
+    profile's."""
+    spec = {"port": port or profile.server.port, "path": path, "json": body,
+            "timeout": timeout}
     for ev in await call_agent(session, agent_target(profile), "http", spec):
         if isinstance(ev, HttpReply):
             return ev

@@ -21,6 +21,7 @@ from typing import Any
 
 from tui.sim import executor, failures, lines, runtime
 from tui.sim import timeline as tl
+from tui.sim.remote_rank import RemoteRank
 from tui.sim.runtime import SimClock, Terminated
 from tui.sim.simlog import STDERR, SimLog
 
@@ -28,7 +29,7 @@ from tui.sim.simlog import STDERR, SimLog
 class _Worker:
     """A spawned worker and what it has said on its status pipe."""
 
-    def __init__(self, rank: int, proc: subprocess.Popen[bytes] | executor.RemoteRank,
+    def __init__(self, rank: int, proc: subprocess.Popen[bytes] | RemoteRank,
                  fd: int) -> None:
         self.rank = rank
         self.proc = proc
@@ -103,7 +104,7 @@ class EngineCore:
 
     def _spawn_workers(self) -> None:
         cfg = self.cfg
-        ranks, remote = range(cfg["tp"]), list[executor.RemoteRank]()
+        ranks, remote = range(cfg["tp"]), list[RemoteRank]()
         if self.cluster is not None:
             ranks, remote = self.cluster.start(cfg)
         for rank in ranks:

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import socket
-import subprocess
 import threading
 import time
 
@@ -33,6 +31,7 @@ from tui.sim.cluster import (
     connect,
     serve,
 )
+from tui.sim.remote_rank import RemoteRank
 from tui.sim.runtime import Runtime, SimClock
 from tui.sim.simlog import SimLog
 
@@ -51,52 +50,6 @@ class DistNetworkError(RuntimeError):
 
 
 DistNetworkError.__module__ = "torch.distributed"
-
-
-class RemoteRank:
-    """A worker on another node, shaped like the engine core's Popen of a local one: what it
-    says arrives through a pipe (`fd`, EOF once it ended), its exit code over the network."""
-
-    def __init__(self, rank: int, job: int, peer: Peer) -> None:
-        self.rank = rank
-        self.job = job
-        self.peer = peer
-        self.fd, self._write_fd = os.pipe()
-        self.returncode: int | None = None
-        self._said: set[str] = set()
-        self._ended = threading.Event()
-        self._lock = threading.Lock()
-
-    def said(self, text: str) -> None:
-        with self._lock:
-            if not self._ended.is_set() and text not in self._said:  # a replay repeats
-                self._said.add(text)
-                os.write(self._write_fd, f"{text}\n".encode())
-
-    def ended(self, code: int) -> None:
-        with self._lock:
-            if not self._ended.is_set():
-                self.returncode = code
-                self._ended.set()
-                os.close(self._write_fd)
-
-    def wait(self, timeout: float | None = None) -> int:
-        if not self._ended.wait(timeout):
-            raise subprocess.TimeoutExpired(f"Worker_TP{self.rank}", timeout or 0.0)
-        assert self.returncode is not None
-        return self.returncode
-
-    def terminate(self) -> None:
-        self._signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        """A SIGKILL cannot be refused: the rank counts as ended without waiting for the echo."""
-        self._signal(signal.SIGKILL)
-        self.ended(-signal.SIGKILL)
-
-    def _signal(self, signum: int) -> None:
-        self.peer.send({"op": "signal", "job": self.job, "ranks": [self.rank],
-                        "signal": int(signum)})
 
 
 class Executor:
@@ -131,7 +84,7 @@ class Executor:
         cfg.update(dist_host=self.opts.master_addr, dist_port=self.opts.master_port, shift=0.0)
         self.shared = {k: cfg[k] for k in SHARED}
         self._join()
-        self._shift_schedule(cfg)
+        self.shift_schedule(cfg)
         for peer in self.peers.values():
             peer.send({"op": "go", "job": self.job, "shift": cfg["shift"]})
         return range(self._per_node), list(self.ranks.values())
@@ -147,7 +100,7 @@ class Executor:
             for peer in self.peers.values():
                 peer.send({"op": "shutdown"})
 
-    def _shift_schedule(self, cfg: Message) -> None:
+    def shift_schedule(self, cfg: Message) -> None:
         """Now is WORKERS_SPAWN on the schedule (the stamps go on: see `SimClock`)."""
         since_launch = (time.time() - self.clock.t0) * self.clock.scale
         self.clock.shift = cfg["shift"] = since_launch - tl.WORKERS_SPAWN
@@ -198,7 +151,7 @@ class Executor:
         specs = [{"GPU": 1.0, f"node:{host}": 0.001}, *[{"GPU": 1.0}] * (tp - 1)]
         started, interval = time.time(), 10.0
         while True:
-            self._shift_schedule(cfg)
+            self.shift_schedule(cfg)
             link.send({"op": "place", "tp": tp, "config": {k: cfg[k] for k in SHARED}})
             if self._ask(link, "placed", "short")["op"] == "placed":
                 break

@@ -32,15 +32,15 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tui.sim import failures, gpu_state, lines
-from tui.sim.executor import RemoteRank
+from tui.sim.remote_rank import RemoteRank
 from tui.sim.simlog import SimLog
 from tui.sim.worker import Worker
 
 if TYPE_CHECKING:
-    from tui.sim.executor import Executor
+    from tui.sim.cluster import Message
 
 REAL_RAY_ENV = "SPECCONSOLE_SIM_REAL_RAY"  # "1" in the server's env: $RAY_ADDRESS is a real Ray
 SCENARIO_ENV = "SPECCONSOLE_SIM_SCENARIO"  # a node's own scenario (the host that plays the fault)
@@ -164,7 +164,16 @@ class ActorRank(RemoteRank):
             ray.kill(self.actor, no_restart=True)
 
 
-def place(executor: Executor, cfg: dict[str, Any]) -> dict[int, RemoteRank]:
+class Placing(Protocol):
+    """What placing the ranks needs of the executor (tui.sim.executor), which imports this
+    module only on a real Ray cluster's path: its log and its schedule."""
+
+    log: SimLog
+
+    def shift_schedule(self, cfg: Message) -> None: ...
+
+
+def place(executor: Placing, cfg: dict[str, Any]) -> dict[int, RemoteRank]:
     """Connect to the real Ray cluster at $RAY_ADDRESS, place TP ranks as actors, start them
     (the schedule shifted so that they all begin at WORKERS_SPAWN); the ranks by number."""
     import ray
@@ -207,7 +216,7 @@ def place(executor: Executor, cfg: dict[str, Any]) -> dict[int, RemoteRank]:
     per_node: dict[str, int] = {}
     ranks: dict[int, RemoteRank] = {}
     followed: list[tuple[ActorRank, dict[str, Any]]] = []
-    executor._shift_schedule(cfg)  # now is WORKERS_SPAWN for every rank
+    executor.shift_schedule(cfg)  # now is WORKERS_SPAWN for every rank
     cfg["dist_host"] = host
     for rank, i in enumerate(order):
         where = wheres[i]

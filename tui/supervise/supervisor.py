@@ -21,7 +21,7 @@ from itertools import accumulate, repeat
 from operator import add
 from typing import Any
 
-from tui.core.command import redact, shell_join
+from tui.core.command import redact, served_by, served_changes, shell_join
 from tui.core.describe import disk_words, duration, gpu_verdict
 from tui.core.errors import (
     ConnectionLost,
@@ -55,6 +55,7 @@ from tui.core.protocol import (
     RunExit,
     RunRecord,
     Secrets,
+    Served,
 )
 from tui.core.specdecode import SpecDecodeTotals, parse_totals
 from tui.core.stacks import ProcessStacks, process_stacks
@@ -78,7 +79,7 @@ BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 10.0
 TICK_S = 0.5
 # the agent's requests to the server: liveness, still serving the model, the metrics
-PROBE_PATHS = ("/health", "/v1/models", "/metrics")
+METRICS_PATH = "/metrics"
 # attached to a long log, the agent sends its first and last bytes only (tui/agent/logtail.py):
 # the start holds the launch's phases, the end the state now and a death's traceback
 SKIM_HEAD = 4 << 20
@@ -93,6 +94,7 @@ class RunInfo:
     pid: int
     launched_at: float
     attached: bool
+    served: Served | None = None  # None: a run from before launch.json recorded it
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,9 +261,16 @@ class Supervisor:
         self._closing = False
         self._python_checked = False
 
-    def _new_machine(self) -> LaunchMachine:
+    @property
+    def served(self) -> Served:
+        """How the current run is reached: as it was launched, else as the profile says."""
+        recorded = self.run.served if self.run is not None else None
+        return recorded or served_by(self.profile)
+
+    def _new_machine(self, engine: str | None = None) -> LaunchMachine:
         exp = self.profile.expect
-        return LaunchMachine(engine=self.profile.server.engine, noise=noise_for(self.profile),
+        return LaunchMachine(engine=engine or self.profile.server.engine,
+                             noise=noise_for(self.profile),
                              stall_timeout_s=exp.stall_timeout if self.serves else math.inf,
                              expected_load_s=exp.load_time)
 
@@ -390,7 +399,9 @@ class Supervisor:
         smoke = self.profile.smoke
         try:
             session = await self.connect()
-            models = await launcher.http(session, self.profile, "/v1/models", None, 10.0)
+            port = self.served.port
+            models = await launcher.http(session, self.profile, "/v1/models", None, 10.0,
+                                         port=port)
             model = json.loads(models.body)["data"][0]["id"] if models.status == 200 else None
             if smoke.kind == "chat":
                 path, body = "/v1/chat/completions", {
@@ -398,7 +409,8 @@ class Supervisor:
             else:
                 path, body = "/v1/completions", {"prompt": smoke.prompt}
             body.update(model=model or self.profile.server.model, max_tokens=smoke.max_tokens)
-            reply = await launcher.http(session, self.profile, path, body, smoke.timeout)
+            reply = await launcher.http(session, self.profile, path, body, smoke.timeout,
+                                        port=port)
         except (SessionError, OSError, ValueError, KeyError, IndexError) as exc:
             self._emit([SmokeDone(False, 0.0, None, "", f"the request could not be made: {exc}")])
             return
@@ -489,7 +501,8 @@ class Supervisor:
         plan = launcher.plan_launch(self.profile, self.environ, self.clock())
         launched = await launcher.launch(session, self.profile, plan)
         now = self.clock()
-        self.run = RunInfo(launched.run_id, launched.run_dir, launched.pid, now, attached=False)
+        self.run = RunInfo(launched.run_id, launched.run_dir, launched.pid, now, attached=False,
+                           served=served_by(self.profile))
         self._remember_launch(plan, now)
         self._begin(now)
         return self.run
@@ -515,12 +528,19 @@ class Supervisor:
         if record is None or record.pid is None:
             raise RunNotFound(f"no run of {self.profile.key} on {self.profile.host.target}")
         started = record.started if record.started is not None else self.clock()
-        self.run = RunInfo(record.run_id, record.run_dir, record.pid, started, attached=True)
+        self.run = RunInfo(record.run_id, record.run_dir, record.pid, started, attached=True,
+                           served=record.served)
+        if record.served is not None and (changes := served_changes(record.served,
+                                                                    self.profile)):
+            self._emit([Notice(f"run {record.run_id} was launched with {'; '.join(changes)}: "
+                               "following it as it was launched", "warning")])
         return record
 
     async def attach(self, record: RunRecord | None = None) -> RunInfo:
         """Follow an existing run (the profile's newest when none is given) from its first line."""
         await self.select(record)
+        if self.served.engine != self.machine.engine:  # the run's engine reads its log
+            self.machine = self._new_machine(self.served.engine)
         self._begin(self.clock())
         assert self.run is not None
         return self.run
@@ -585,10 +605,10 @@ class Supervisor:
         if not self.whole_log:
             spec["skim"] = {"head": SKIM_HEAD, "tail": SKIM_TAIL}
         if self.serves:
-            spec["health"] = {"port": self.profile.server.port, "paths": list(PROBE_PATHS[:2]),
+            spec["health"] = {"port": self.served.port, "paths": list(self.served.health),
                               "interval": 1.0,
                               "serving_interval": self.profile.expect.serving_probe_interval}
-            spec["metrics"] = {"path": PROBE_PATHS[2], "prefixes": ["vllm:", "sglang:"]}
+            spec["metrics"] = {"path": METRICS_PATH, "prefixes": ["vllm:", "sglang:"]}
         return spec
 
     async def _watch_loop(self) -> None:

@@ -10,6 +10,29 @@ from tui.console.messages import GpusChanged
 from tui.console.widgets.format import bar, gib, sparkline
 from tui.core.gpuview import GpuRow
 
+# Columns every row spends besides the name, the bar and the sparkline: the index, the gap
+# after the name, the numbers ("  0.0/140.4G "), the utilisation (" 40%").
+ROW_FIXED = 2 + 1 + 15 + 4
+MIN_BAR = 8  # the bar keeps this much before the name is cut
+MIN_NAME = 10
+
+
+def holder_words(holder: int | None) -> str:
+    return f" pid {holder}" if holder is not None else " —"
+
+
+def row_columns(rows: tuple[GpuRow, ...], names: list[str], width: int) -> tuple[int, int, int]:
+    """(name, bar, sparkline) widths for `width` columns: what the rows really hold at their
+    right (holders, marks) is counted, the name is shown whole while the bar keeps MIN_BAR,
+    and what is left is shared by the bar (3/5) and the sparkline."""
+    tail = max(len(holder_words(r.holder)) for r in rows) + (7 if any(r.lagging for r in rows)
+                                                             else 0)
+    room = width - ROW_FIXED - tail
+    name_w = min(max(map(len, names)), max(MIN_NAME, room - MIN_BAR))
+    spare = max(MIN_BAR, room - name_w)
+    bar_w = max(6, spare * 3 // 5) if spare >= MIN_BAR + 4 else spare
+    return name_w, bar_w, max(0, spare - bar_w - 1)
+
 
 class GpuPane(Widget, can_focus=True):
     """Rows drawn from the last GpusChanged; nothing is sampled here."""
@@ -33,16 +56,8 @@ class GpuPane(Widget, can_focus=True):
     def render(self) -> Text:
         if not self.rows:
             return Text(self.note or "no GPU data yet", style="yellow" if self.note else "dim")
-        width = self.size.width
         names = [r.info.name.removeprefix("NVIDIA ") for r in self.rows]
-        # index, numbers, util, holder, mark; the name takes what it needs while the bar and
-        # the sparkline keep 16 columns, at least 10 (a long name is cut at 80 columns)
-        fixed = 2 + 1 + 15 + 4 + 1 + 12 + 7
-        name_w = min(max(map(len, names)), max(10, width - fixed - 16))
-        fixed += name_w
-        spare = max(8, width - fixed)
-        bar_w = max(6, spare * 3 // 5)
-        spark_w = max(0, spare - bar_w - 1)
+        name_w, bar_w, spark_w = row_columns(self.rows, names, self.size.width)
         out = Text(no_wrap=True, overflow="crop")
         for i, row in enumerate(self.rows):
             gpu = row.info
@@ -61,7 +76,7 @@ class GpuPane(Widget, can_focus=True):
             out.append(f"{gpu.util:>3}%" if gpu.util is not None else "  —%", style="cyan")
             if spark_w:
                 out.append(" " + sparkline(row.history, total or 0, spark_w), style="blue")
-            out.append(f" pid {row.holder}" if row.holder is not None else " —", style="dim")
+            out.append(holder_words(row.holder), style="dim")
             if row.lagging:
                 out.append(" ⚠ flat", style="bold yellow")
             if i < len(self.rows) - 1:

@@ -23,6 +23,7 @@ from textual.strip import Strip
 from textual.widgets import Input, Static
 
 from tui.console.messages import LogLines, LogSkipped, RootCauseFound, RunReset
+from tui.console.widgets.compact import GUTTER, compact_message, gutter
 from tui.core.describe import size_words
 from tui.core.logline import keep_colours
 from tui.core.logwindow import Entry, Fold, LogWindow, Row
@@ -31,6 +32,8 @@ CAUSE_MARK = "▶ ROOT CAUSE "
 MAX_DRAWN = 2000
 TAB = 8  # characters of one line drawn; the rest stays in the file
 _ERROR_RE = re.compile(r"^(Traceback \(most recent call last\)|\w*(Error|Exception)\b)")
+# A traceback's last line: the exception and its message (wrapped, never cut, when compact).
+_EXCEPTION_RE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b:? ")
 
 
 @dataclass
@@ -72,6 +75,8 @@ class LogView(ScrollView, can_focus=True):
         self._width = 0
         self._asked_before: int | None = None
         self._hold: int | None = None  # the byte offset of a line the view was jumped to
+        self._layout_key: tuple[object, ...] | None = None
+        self._layout: list[tuple[Text, bool]] = []
 
     # -- content ---------------------------------------------------------------------------
 
@@ -241,38 +246,92 @@ class LogView(ScrollView, can_focus=True):
     # -- drawing ---------------------------------------------------------------------------
 
     def render_line(self, y: int) -> Strip:
-        scroll_x, scroll_y = self.scroll_offset
-        index = scroll_y + y
-        view = self.window.view(self.raw)
+        scroll_x = self.scroll_offset.x
         width = self.size.width
-        if index >= len(view):
+        layout = self._screen()
+        if y >= len(layout):
             return Strip.blank(width, self.rich_style)
-        entry = view[index]
-        text = self.line_text(entry, entry.line.offset == self.match_offset)
+        text, wrapped = layout[y]
         segments = [Segment(s.text, s.style) for s in text.render(self.app.console)
                     if s.text != "\n"]
-        return Strip(segments).crop_extend(scroll_x, scroll_x + width, self.rich_style)
+        start = 0 if wrapped else scroll_x  # a wrapped row already fits the pane
+        return Strip(segments).crop_extend(start, start + width, self.rich_style)
+
+    def _screen(self) -> list[tuple[Text, bool]]:
+        """The screen's lines, each (text, part of a wrapped row), laid out once per frame: from
+        the top row down, or, following or at the end, from the newest row up, so that rows
+        wrapped onto several lines never push the newest one below the edge."""
+        view = self.window.view(self.raw)
+        width, height = self.size.width, self.size.height
+        top = int(self.scroll_offset.y)
+        at_end = self.following or top >= max(0, len(view) - height)
+        key = (top, len(view), view[-1].line.offset if view else None, width, height, self.raw,
+               at_end, self.cause_offset, self.match_offset, self.pattern)
+        if key == self._layout_key:
+            return self._layout
+        lines: list[tuple[Text, bool]] = []
+        if at_end:
+            index = len(view) - 1
+            while index >= 0 and len(lines) < height:
+                lines[:0] = self._row_lines(view[index], width)
+                index -= 1
+            lines = lines[-height:] if len(lines) > height else lines
+        else:
+            index = top
+            while index < len(view) and len(lines) < height:
+                lines += self._row_lines(view[index], width)
+                index += 1
+            lines = lines[:height]
+        self._layout_key, self._layout = key, lines
+        return lines
+
+    def _row_lines(self, entry: Row, width: int) -> list[tuple[Text, bool]]:
+        """A row as screen lines: one, or the cause and exception lines of the compact view
+        wrapped to the pane's width (never cut)."""
+        text = self.line_text(entry, entry.line.offset == self.match_offset)
+        if self.raw or text.cell_len <= width or not self._wraps(entry):
+            return [(text, False)]
+        return self._indented(text, width)
+
+    def _indented(self, text: Text, width: int) -> list[tuple[Text, bool]]:
+        """The first screen line whole; the rest indented under the message (past the gutter)."""
+        text.no_wrap = False
+        first = text.wrap(self.app.console, width)[0]
+        rest = text[len(first.plain):]
+        rest = rest[len(rest.plain) - len(rest.plain.lstrip()):]  # the space it broke at
+        first.end = ""
+        lines: list[tuple[Text, bool]] = [(first, True)]
+        for part in rest.wrap(self.app.console, max(8, width - GUTTER)):
+            part.end = ""
+            lines.append((Text.assemble(" " * GUTTER, part), True))
+        return lines
+
+    def _wraps(self, entry: Row) -> bool:
+        line = entry.line
+        return line.offset == self.cause_offset or (
+            not isinstance(entry, Fold) and bool(_EXCEPTION_RE.match(line.message)))
 
     def line_text(self, entry: Row, current: bool) -> Text:
-        """One line as the user sees it: marked, dimmed, highlighted; a folded row as its
-        first line's prefix and what the row holds."""
+        """One line as the user sees it: compact (time, process tag and level in a gutter) in
+        the filtered view, as written in the raw one; marked, dimmed, highlighted; a folded
+        row as its first line's gutter and what the row holds."""
         line = entry.line
-        plain = line.plain if len(line.plain) <= MAX_DRAWN else (
-            line.plain[:MAX_DRAWN] + f" … ({len(line.plain) - MAX_DRAWN} more characters)")
-        plain = plain.expandtabs(TAB)
-        if isinstance(entry, Fold):
-            head = line.plain[:len(line.plain) - len(line.message)] \
-                if line.message and line.plain.endswith(line.message) else ""
-            plain = (head + entry.summary()).expandtabs(TAB)[:MAX_DRAWN]
-            text = Text(plain, no_wrap=True)
-            text.stylize("dim", len(head))
+        if self.raw:
+            text, shift = self._as_written(entry), 0
         else:
-            text = _coloured(line.raw, plain)
+            head = gutter(line)
+            body = entry.summary() if isinstance(entry, Fold) else compact_message(line)
+            if len(body) > MAX_DRAWN:
+                body = body[:MAX_DRAWN] + f" … ({len(body) - MAX_DRAWN} more characters)"
+            text, shift = Text(body.expandtabs(TAB), no_wrap=True, end=""), head.cell_len
+            if isinstance(entry, Fold):
+                text.stylize("dim", len(line.message))
         rule = entry.rule
-        shift = 0  # where the line's own text starts (after a marker)
+        plain = text.plain
         if line.offset == self.cause_offset:
             text.stylize("bold red")
-            text, shift = Text.assemble((CAUSE_MARK, "bold white on red"), text), len(CAUSE_MARK)
+            text = Text.assemble((CAUSE_MARK, "bold white on red"), text, end="")
+            shift += len(CAUSE_MARK)
         elif rule is not None:
             text.stylize("dim")
             kind = "harmless" if rule.kind == "harmless" else "hidden"
@@ -281,6 +340,8 @@ class LogView(ScrollView, can_focus=True):
             text.stylize("bold red")
         elif line.level == "WARNING":
             text.stylize("yellow")
+        if not self.raw:
+            text = Text.assemble(head, text, no_wrap=True, end="")
         if self.pattern is not None:
             for m in self.pattern.finditer(plain):
                 if m.end() > m.start():
@@ -288,6 +349,19 @@ class LogView(ScrollView, can_focus=True):
         if current:
             text.stylize("reverse")
         return text
+
+    def _as_written(self, entry: Row) -> Text:
+        line = entry.line
+        plain = line.plain if len(line.plain) <= MAX_DRAWN else (
+            line.plain[:MAX_DRAWN] + f" … ({len(line.plain) - MAX_DRAWN} more characters)")
+        plain = plain.expandtabs(TAB)
+        if isinstance(entry, Fold):
+            head = line.plain[:len(line.plain) - len(line.message)] \
+                if line.message and line.plain.endswith(line.message) else ""
+            text = Text((head + entry.summary()).expandtabs(TAB)[:MAX_DRAWN], no_wrap=True)
+            text.stylize("dim", len(head))
+            return text
+        return _coloured(line.raw, plain)
 
 
 class LogPane(Vertical):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Container, Vertical
+from textual.containers import Container, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Static
@@ -38,6 +38,25 @@ PANE_TITLES = {"pane-gpus": "GPUs", "pane-procs": "Processes", "pane-logs": "Log
 NARROW_BELOW = (120, 36)  # columns, rows: below either, panes collapse to tabs
 
 
+class TimelineScroll(VerticalScroll):
+    """The timeline's pane. The phases and the serving readout outgrow it on a 45-row
+    terminal: it scrolls, and its bottom border says how much is below the edge."""
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        self._say_below()
+
+    def watch_virtual_size(self) -> None:
+        self._say_below()
+
+    def on_resize(self) -> None:
+        self._say_below()
+
+    def _say_below(self) -> None:
+        below = int(self.max_scroll_y - self.scroll_y)
+        self.border_subtitle = f"↓ {below} more line{'s' * (below != 1)}" if below > 0 else ""
+
+
 class MemberPanes(Vertical):
     """Routes a member's messages to its panes; the app decides the title and status words."""
 
@@ -56,7 +75,7 @@ class MemberPanes(Vertical):
             yield LogPane(self.window, id="pane-logs", classes="pane")
             with Vertical(id="pane-procs", classes="pane"):
                 yield ProcPane(id="procs")
-            with Vertical(id="pane-timeline", classes="pane"):
+            with TimelineScroll(id="pane-timeline", classes="pane"):
                 yield TimelinePane(id="timeline")
         yield Static(id="tabs")
         yield Static("connecting…", id="status")

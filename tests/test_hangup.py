@@ -1,0 +1,112 @@
+"""The terminal goes away (a tmux window closed, the SSH session to the jump host dropped):
+the console, run in a real pseudo-terminal that is its controlling terminal, gets the kernel's
+SIGHUP when the terminal's master side closes. The demo stops its server as on `q`; a real
+profile's server keeps running, and attaching to it later uses what it was launched with
+(its port), even after the profile was edited.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+import threading
+from pathlib import Path
+
+from helpers import carriers, free_port, sim_profile, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Terminal:
+    """A pseudo-terminal of 160×45 whose slave side is a child's controlling terminal; what
+    the child draws is read into `screen` as it comes."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 45, 160, 0, 0))
+        self.proc = subprocess.Popen(
+            argv, cwd=ROOT, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+            env={**env, "TERM": "xterm-256color"},
+            # after setsid: the slave becomes the new session's controlling terminal
+            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+        os.close(slave)
+        self.screen = bytearray()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            self.screen += data
+
+    def shows(self, text: str) -> bool:
+        return text.encode() in self.screen
+
+    def hang_up(self) -> int:
+        """Close the terminal (the kernel sends SIGHUP to its session); the child's exit."""
+        os.close(self.master)
+        return self.proc.wait(timeout=60)
+
+
+def _runs(runs_dir: Path) -> list[str]:
+    return [p.name for p in runs_dir.iterdir()] if runs_dir.is_dir() else []
+
+
+def test_the_demo_stops_its_server_when_the_terminal_hangs_up(tmp_path: Path) -> None:
+    env = {**os.environ, "HOME": str(tmp_path)}
+    term = Terminal([sys.executable, "-m", "tui", "demo", "--time-scale", "300"], env)
+    runs_dir = tmp_path / ".specconsole" / "runs"
+    try:
+        wait_for(lambda: term.shows("READY"), 90, "the demo's console says READY")
+        (run_id,) = _runs(runs_dir)
+        assert carriers(run_id), "the simulated server runs while the demo is open"
+        term.hang_up()
+        assert carriers(run_id) == [], "the demo left its simulated server running"
+    finally:
+        term.proc.kill()
+        for run_id in _runs(runs_dir):
+            for pid in carriers(run_id):
+                os.kill(pid, 9)
+
+
+def test_a_hung_up_console_leaves_the_server_and_attach_uses_its_launch(
+        tmp_path: Path, cleanup: list[str]) -> None:
+    profile = sim_profile(tmp_path, "ready", time_scale=300.0)
+    term = Terminal([sys.executable, "-m", "tui", "console", str(profile)], dict(os.environ))
+    runs_dir = tmp_path / "runs"
+    try:
+        wait_for(lambda: term.shows("READY"), 90, "the console says READY")
+        (run_id,) = _runs(runs_dir)
+        cleanup.append(run_id)
+        term.hang_up()
+        assert carriers(run_id), "a hangup must not stop a real profile's server"
+    finally:
+        term.proc.kill()
+
+    # the profile is edited while the run serves: attaching still follows the run's own port
+    text = profile.read_text()
+    launched = int(re.search(r"^port = (\d+)$", text, re.M).group(1))  # type: ignore[union-attr]
+    edited = free_port()
+    profile.write_text(text.replace(f"port = {launched}", f"port = {edited}"))
+    attached = subprocess.run([sys.executable, "-m", "tui", "wait", "--timeout", "30",
+                               str(profile)], cwd=ROOT, capture_output=True, text=True,
+                              timeout=90)
+    assert attached.returncode == 0, attached.stdout + attached.stderr
+    assert f"attached to run {run_id}" in attached.stdout
+    assert (f"run {run_id} was launched with port {launched} (the profile now says {edited}): "
+            "following it as it was launched") in attached.stdout
+    assert "READY after" in attached.stdout
+    killed = subprocess.run([sys.executable, "-m", "tui", "kill", "--grace", "2", str(profile)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert "no process of the run remains" in killed.stdout, killed.stdout + killed.stderr
