@@ -221,6 +221,44 @@ async def test_quit_leaves_the_server_running_and_says_so(tmp_path: Path,
         await again.close()
 
 
+@pytest.mark.parametrize("on_ready_timeout", ["keep", "kill"])
+async def test_not_ready_within_ready_timeout_alerts_like_a_stall(
+        tmp_path: Path, cleanup: list[str], on_ready_timeout: str) -> None:
+    path = sim_profile(tmp_path, "ready", time_scale=60)  # a 25-minute load at x60: ~25 s
+    path.write_text(path.read_text().replace(
+        "[expect]\n", f'[expect]\nready_timeout = "3s"\non_ready_timeout = "{on_ready_timeout}"\n'))
+    sup = Supervisor(load_profile(path))
+    env, record = fake_tmux(tmp_path)
+    app = ConsoleApp(sup, env=env, kill_grace=1.0)
+    bells: list[float] = []
+    app.bell = lambda: bells.append(time.time())  # type: ignore[method-assign]
+    async with app.run_test(size=(200, 50)) as pilot:
+        await until(pilot, lambda: sup.run is not None, what="launch")
+        run_id = sup.run.run_id
+        cleanup.append(run_id)
+        await until(pilot, lambda: "not READY after 3.0s (ready_timeout)" in banner_text(app),
+                    30, "the TIMEOUT banner")
+        banner = app.query_one(Banner)
+        assert banner.kind == "timeout" and banner.has_class("-timeout")
+        assert banner_text(app).startswith(
+            "TIMEOUT — not READY after 3.0s (ready_timeout), still loading"), banner_text(app)
+        await until(pilot, lambda: "⚠ not READY after 3.0s (ready_timeout)"
+                    in str(app.query_one(TimelinePane).render()), 5, "the timeline says it")
+        assert len(bells) == 1, "the terminal bell rang once"
+        await until(pilot, lambda: any(c[:3] == ["rename-window", "-t", "%3"]
+                                       and "NOT READY" in c[-1] for c in tmux_calls(record)),
+                    5, "the tmux window renamed")
+        if on_ready_timeout == "keep":
+            assert 'the run keeps running (on_ready_timeout = "keep")' in banner_text(app)
+            assert sup.machine.state is State.LOADING and carriers(run_id)
+        else:  # killed as the kill key kills: nothing of the run remains
+            await until(pilot, lambda: sup.machine.state is State.STOPPED, 30, "STOPPED")
+            await until(pilot, lambda: "STOPPED" in banner_text(app), 5, "the kill report")
+            assert "no process of the run remains" in banner_text(app)
+            assert carriers(run_id) == []
+        await pilot.press("q")
+
+
 async def test_attach_to_a_live_run_shows_the_full_log(tmp_path: Path,
                                                        cleanup: list[str]) -> None:
     profile = load_profile(sim_profile(tmp_path, "ready", time_scale=60))

@@ -4,6 +4,7 @@ worker host is the in-process SSH server (the lab lane repeats this over real ss
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import shlex
 import sys
@@ -19,6 +20,8 @@ from sshserver import SSHTestServer
 from test_app import fake_tmux, first_death, tmux_calls
 from test_bad_input import _opener
 
+from tui.cli.exit_codes import EXIT_TIMEOUT
+from tui.cli.follow import SeveralHosts, follow
 from tui.console.app import ConsoleApp
 from tui.console.widgets.fleet import FleetTable
 from tui.core import cluster
@@ -401,3 +404,31 @@ async def test_a_host_that_does_not_join_in_time_is_named_and_nothing_is_left_ru
         assert not any(carriers(r) for r in runs)
     finally:
         await group.close()
+
+
+async def test_wait_follows_two_hosts_and_their_ready_timeout_kills_every_host(
+        two_hosts: ClusterFactory, ssh_server: SSHTestServer, cleanup: list[str]) -> None:
+    """`wait`'s one follow loop over several hosts: the joins, then the server's member given
+    up on (its ready_timeout) and, with on_ready_timeout = "kill", every host killed."""
+    path = two_hosts("native")
+    path.write_text(path.read_text().replace("time_scale = 300.0", "time_scale = 60").replace(
+        "[expect]\n", '[expect]\nready_timeout = "2s"\non_ready_timeout = "kill"\n'))
+    group = _group(path, ssh_server)
+    said: list[str] = []
+    args = argparse.Namespace(launch=True, skip_preflight=False, kill_leftovers=False,
+                              timeout=None)
+    try:
+        code = await follow(SeveralHosts(group), args, lambda text, **_: said.append(text))
+    finally:
+        cleanup.extend(s.run.run_id for s in group.sups.values() if s.run is not None)
+        await group.close()
+    assert code == EXIT_TIMEOUT, said
+    assert said[0] == f"launching two-native on local (server), {ssh_server.alias} (node-1)"
+    assert any(line.startswith(f"{ssh_server.alias} node-1: joined after ") for line in said)
+    given_up = next(line for line in said if "TIMEOUT" in line)
+    assert given_up.startswith("local server: TIMEOUT: not READY after 2.0s (ready_timeout), "
+                               "still "), given_up
+    assert given_up.endswith('killing the run (on_ready_timeout = "kill")'), given_up
+    for where in (f"{ssh_server.alias} node-1", "local server"):
+        assert f"{where}: killed: no process of the run remains; GPU memory released" in said
+    assert cleanup and not any(carriers(r) for r in cleanup)

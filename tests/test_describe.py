@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tui.core.describe import death_lines, disk_words, duration
+from tui.core.describe import death_lines, describe, disk_words, duration
 from tui.core.phases import Phase
 from tui.core.protocol import DiskSpace
 from tui.core.rootcause import RootCause
-from tui.core.state import Death
+from tui.core.state import Death, ReadyLimit, ReadyTimedOut, State
+from tui.core.status import RunView, timed_out_text
 
 
 @pytest.mark.parametrize(("seconds", "text"), [
@@ -45,3 +46,16 @@ def test_death_lines(code: int | None, sig: int | None, expect: list[str]) -> No
 ])
 def test_disk_words(level: str, free: int | None, text: str, loud: str) -> None:
     assert disk_words("gpu-a", DiskSpace(level, free, "/r", 0.0)) == (text, loud)
+
+
+@pytest.mark.parametrize(("limit", "outcome"), [
+    (ReadyLimit(2400.0), 'the run keeps running (on_ready_timeout = "keep")'),
+    (ReadyLimit(2400.0, kill=True), 'killing the run (on_ready_timeout = "kill")'),
+])
+def test_a_launch_given_up_on_in_words(limit: ReadyLimit, outcome: str) -> None:
+    event = ReadyTimedOut(limit, State.LOADING, 2400.0)
+    assert describe(event) == [
+        f"TIMEOUT: not READY after 40m00s (ready_timeout), still loading; {outcome}"]
+    view = RunView(State.LOADING, timed_out=event)
+    assert timed_out_text(view) == "⚠ not READY after 40m00s (ready_timeout)"
+    assert timed_out_text(RunView(State.READY, timed_out=event)) == ""  # READY after all

@@ -271,3 +271,57 @@ def test_explain_a_saved_log(fixture: str, outcome: str, cause: str | None) -> N
     else:
         assert report["root_cause"]["line"].startswith(cause)
         assert "Engine core initialization failed" not in report["root_cause"]["line"]
+
+
+def _give_up_after(profile: Path, ready_timeout: str, on_ready_timeout: str = "keep") -> Path:
+    """The profile with [expect] ready_timeout (and on_ready_timeout) set."""
+    profile.write_text(profile.read_text().replace(
+        "[expect]\n", f'[expect]\nready_timeout = "{ready_timeout}"\n'
+                      f'on_ready_timeout = "{on_ready_timeout}"\n', 1))
+    return profile
+
+
+def test_wait_gives_up_after_ready_timeout_and_the_server_keeps_running(
+        tmp_path: Path, cleanup) -> None:
+    profile = _give_up_after(sim_profile(tmp_path, "ready", time_scale=60), "3s")
+    result = _cli("wait", str(profile), "--launch")  # a 25-minute load at x60: ~25 s
+    run_id = _run_id(result.stdout)
+    cleanup.append(run_id)
+    assert result.returncode == 4, result.stdout + result.stderr
+    given_up = next(line for line in result.stdout.splitlines() if "TIMEOUT" in line)
+    assert given_up.split("] ", 1)[1] == (
+        "TIMEOUT: not READY after 3.0s (ready_timeout), still loading; the run keeps running "
+        '(on_ready_timeout = "keep")'), given_up
+    assert carriers(run_id), "the server keeps running after wait gives up"
+    status = _cli("status", str(profile))
+    assert run_id in status.stdout and "alive" in status.stdout, status.stdout
+
+
+def test_on_ready_timeout_kill_leaves_nothing_of_the_run(tmp_path: Path, cleanup) -> None:
+    profile = _give_up_after(sim_profile(tmp_path, "ready", time_scale=60), "3s", "kill")
+    result = _cli("wait", str(profile), "--launch", "--json")
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    run_id = records[0]["run_id"]
+    cleanup.append(run_id)
+    assert result.returncode == 4, result.stdout + result.stderr
+    said = [r["msg"] for r in records]
+    assert ('TIMEOUT: not READY after 3.0s (ready_timeout), still loading; killing the run '
+            '(on_ready_timeout = "kill")') in said, said
+    assert "killed: no process of the run remains; GPU memory released" in said, said
+    assert carriers(run_id) == []
+
+
+@pytest.mark.parametrize(("ready_timeout", "timeout", "code", "said"), [
+    ("2s", "60s", 0, "READY after"),  # a longer --timeout lets it reach READY
+    ("10m", "2s", 4, "TIMEOUT: not READY after 2.0s (--timeout), still loading"),  # and shorter
+])
+def test_wait_timeout_overrides_ready_timeout(tmp_path: Path, cleanup, ready_timeout: str,
+                                              timeout: str, code: int, said: str) -> None:
+    scale = 300 if code == 0 else 60  # READY in ~5 s, or not for ~25 s
+    profile = _give_up_after(sim_profile(tmp_path, "ready", time_scale=scale), ready_timeout)
+    result = _cli("wait", str(profile), "--launch", "--timeout", timeout)
+    run_id = _run_id(result.stdout)
+    cleanup.append(run_id)
+    assert result.returncode == code, result.stdout + result.stderr
+    assert said in result.stdout, result.stdout
+    assert carriers(run_id), "giving up (or READY) leaves the server running"

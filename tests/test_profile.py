@@ -92,6 +92,9 @@ BAD = [
      "stall_timeout", "must be > 0"),
     ("negative-duration", BASE + "[expect]\nready_timeout = -5\n", "expect.ready_timeout",
      "ready_timeout", "must be > 0"),
+    ("on-ready-timeout", BASE + '[expect]\nready_timeout = "40m"\non_ready_timeout = "stop"\n',
+     "expect.on_ready_timeout", "on_ready_timeout", "unknown value 'stop'; expected one of: "
+     "keep, kill"),
     ("bad-regex", BASE + '[logs]\nhide = [\n  { pattern = "a" },\n  "b",\n'
      '  { pattern = "(unclosed", label = "x" },\n]\n', "logs.hide[2].pattern", "(unclosed",
      "invalid regex '(unclosed'"),

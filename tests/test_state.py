@@ -14,6 +14,8 @@ from tui.core.state import (
     LaunchMachine,
     PhaseChanged,
     Ready,
+    ReadyLimit,
+    ReadyTimedOut,
     Stalled,
     State,
 )
@@ -284,3 +286,41 @@ def test_a_death_seen_before_the_log_names_its_process_is_renamed_by_the_log() -
                        " WorkerProc failed to start."], T0 + 5.1)
     assert m.death.process == "VllmWorker-0"
     assert any(isinstance(e, CauseUpdated) and e.death.process == "VllmWorker-0" for e in events)
+
+
+def _unhealthy(m: LaunchMachine, at: float) -> None:
+    """The agent's first round of health probes: nothing listens yet."""
+    for path in m.health_paths:
+        m.feed_health(Health(False, path, None, at), at)
+
+
+def test_not_ready_within_the_ready_timeout_is_given_up_on_once_and_keeps_its_state() -> None:
+    m = LaunchMachine(ready_limit=ReadyLimit(60.0))
+    m.started(100, T0, T0)
+    _feed(m, STORY[:4], T0 + 1)
+    assert m.tick(T0 + 61) == []                # no health answer yet: not judged
+    _unhealthy(m, T0 + 61)
+    assert m.tick(T0 + 59) == []                # before the limit
+    events = m.tick(T0 + 61.5)
+    assert events == [ReadyTimedOut(ReadyLimit(60.0), State.LOADING, T0 + 61.5)]
+    assert m.state is State.LOADING and m.timed_out == events[0]
+    assert m.tick(T0 + 62) == []                # once
+    assert not [e for e in m.tick(T0 + 500) if isinstance(e, ReadyTimedOut)]
+
+
+def test_a_ready_server_attached_to_after_its_ready_timeout_is_not_given_up_on() -> None:
+    m = LaunchMachine(ready_limit=ReadyLimit(60.0, kill=True))
+    m.started(100, T0, T0 + 3600)               # attached an hour after its launch
+    assert m.tick(T0 + 3600.5) == []            # the health probe has not answered yet
+    for path in m.health_paths:
+        m.feed_health(Health(True, path, 200, T0 + 3601), T0 + 3601)
+    assert m.state is State.READY and m.tick(T0 + 3602) == []
+
+
+def test_wait_timeout_in_its_place_counts_from_when_watching_began() -> None:
+    m = LaunchMachine(ready_limit=ReadyLimit(10.0, "--timeout", from_launch=False))
+    m.started(100, T0, T0 + 100)                # attached 100 s after the launch
+    _unhealthy(m, T0 + 100)
+    assert m.tick(T0 + 109) == []
+    timed_out = m.tick(T0 + 110)
+    assert [e.limit.name for e in timed_out if isinstance(e, ReadyTimedOut)] == ["--timeout"]

@@ -19,39 +19,27 @@ from typing import Any
 
 from rich.console import Console
 
-from tui.cli.cluster import check_cluster, kill_cluster, launch_cluster, wait_cluster
-from tui.cli.exit_codes import (
-    EXIT_DEAD,
-    EXIT_ERROR,
-    EXIT_PREFLIGHT,
-    EXIT_READY,
-    EXIT_STALLED,
-    EXIT_TIMEOUT,
-    EXIT_USAGE,
-)
+from tui.cli.cluster import check_cluster, kill_cluster, launch_cluster
+from tui.cli.exit_codes import EXIT_ERROR, EXIT_PREFLIGHT, EXIT_USAGE
+from tui.cli.follow import OneHost, SeveralHosts, follow
 from tui.cli.status import run_state, status_lines
 from tui.console.heap import QuietCollector, settle_heap
 from tui.core.cluster import is_cluster, member_profile
 from tui.core.command import redact
-from tui.core.describe import death_lines, describe, duration, gpu_verdict, serving_words
+from tui.core.describe import gpu_verdict
 from tui.core.errors import PreflightFailed, RunNotFound, SpecconsoleError
 from tui.core.explain import explain_file, explanation_lines
 from tui.core.logline import strip_escapes
-from tui.core.phases import Phase
 from tui.core.profile import ENGINES, Profile, load_profile, parse_duration
 from tui.core.stacks import stack_lines
-from tui.core.state import Died, LinesAdded, ProgressChanged, Ready, Stalled, State
+from tui.core.state import LinesAdded, State
 from tui.supervise.group import ClusterRun, run_of
 from tui.supervise.history import History, diff
 from tui.supervise.runs import Run
 from tui.supervise.supervisor import (
-    CAUSE_GRACE_S,
     Fatal,
-    LinkLost,
-    LinkRestored,
     Notice,
     RunStarted,
-    StacksTaken,
     Supervisor,
 )
 
@@ -82,97 +70,6 @@ class _Printer:
 
 # -- wait ------------------------------------------------------------------------------------
 
-async def _wait(sup: Supervisor, args: argparse.Namespace, out: _Printer,
-                past_ready: bool = False) -> int:
-    events = sup.subscribe()
-    run = await sup.start(launch=args.launch, skip_preflight=args.skip_preflight,
-                          kill_leftovers=args.kill_leftovers)
-    for text in _notices_so_far(events):  # leftovers killed, preflight warnings: before
-        out.say(text)
-    verb = "attached to" if run.attached else "launched"
-    out.say(f"{verb} run {run.run_id} on {sup.profile.host.target} (pid {run.pid})",
-            run_id=run.run_id, pid=run.pid, attached=run.attached)
-    deadline = time.monotonic() + args.timeout if args.timeout is not None else None
-    decile = -1
-    while True:
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            state = sup.machine.state.value
-            out.say(f"TIMEOUT after {duration(args.timeout)}; still {state}", state=state)
-            return EXIT_TIMEOUT
-        try:
-            event = await asyncio.wait_for(events.get(), left)
-        except asyncio.TimeoutError:
-            continue
-        if isinstance(event, Died):
-            await _settle_cause(sup)
-            death = sup.machine.death or event.death
-            for line in death_lines(death):
-                out.say(line, state="dead", process=death.process, pid=death.pid,
-                        code=death.code, signal=death.signal,
-                        since_launch=round(death.since_launch, 3),
-                        root_cause=death.cause.line if death.cause else None)
-            return EXIT_DEAD
-        if isinstance(event, Fatal):
-            out.say(f"ERROR: {event.text}", state="error")
-            return EXIT_ERROR
-        if isinstance(event, (LinkLost, LinkRestored, Notice)):
-            out.say(_link_text(event))
-            continue
-        if (isinstance(event, ProgressChanged) and event.phase is Phase.WEIGHTS
-                and event.progress is not None and int(event.progress * 10) > decile):
-            decile = int(event.progress * 10)
-            shards = f" ({event.shards[0]}/{event.shards[1]} shards)" if event.shards else ""
-            out.say(f"{event.phase.label} {event.progress:.0%}{shards}", progress=event.progress)
-            continue
-        for line in describe(event):
-            out.say(line, state=sup.machine.state.value)
-        if isinstance(event, Ready) and not past_ready:
-            await _serving_at_ready(events, sup, out)
-            return EXIT_READY
-        if isinstance(event, Stalled):
-            if sup.profile.expect.stacks_on_stall:
-                await _stall_stacks(events, out)
-            return EXIT_STALLED
-
-
-STACKS_WAIT_S = 60.0  # py-spy of every process, over SSH: seconds, but a stuck host is slow
-SERVING_WAIT_S = 3.0  # the agent reads /metrics at its first tick after READY
-
-
-async def _serving_at_ready(events: asyncio.Queue[Any], sup: Supervisor, out: _Printer) -> None:
-    """Once at READY: what the server says it is doing (its /metrics, else its stats line)."""
-    end = time.monotonic() + SERVING_WAIT_S
-    while sup.machine.serving.latest is None and (left := end - time.monotonic()) > 0:
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(events.get(), left)
-    sample = sup.machine.serving.latest
-    if sample is not None:
-        out.say("serving: " + serving_words(sample), serving=sample.figures(),
-                source=sample.source)
-
-
-async def _stall_stacks(events: asyncio.Queue[Any], out: _Printer) -> None:
-    """The stacks the supervisor takes on a stall: where each process is, and where the whole
-    dump is saved on the host (or why there is none)."""
-    end = time.monotonic() + STACKS_WAIT_S
-    while (left := end - time.monotonic()) > 0:
-        try:
-            event = await asyncio.wait_for(events.get(), left)
-        except asyncio.TimeoutError:
-            break
-        if isinstance(event, StacksTaken):
-            out.say(f"stacks of {len(event.stacks)} processes (py-spy, {event.why}), saved "
-                    f"on the host: {event.path}", stacks=event.path)
-            for stack in event.stacks:
-                out.say(f"  {stack.summary()}")
-            return
-        if isinstance(event, Notice) and event.text.startswith("no stacks"):
-            out.say(event.text)
-            return
-    out.say(f"no stacks within {STACKS_WAIT_S:.0f}s (py-spy did not answer)")
-
-
 def _notices_so_far(events: asyncio.Queue[Any]) -> list[str]:
     """The notices queued while starting, in order; the other events before the run began
     print nothing, so they are taken off the queue with them."""
@@ -202,36 +99,17 @@ def _refused(sup: Supervisor, exc: PreflightFailed) -> PreflightFailed:
     return PreflightFailed(f"{exc} — {hint}") if hint else exc
 
 
-async def _settle_cause(sup: Supervisor) -> None:
-    """Give log lines already in flight a moment to name the cause and the exit code."""
-    end = time.monotonic() + CAUSE_GRACE_S
-    while time.monotonic() < end:
-        death = sup.machine.death
-        if death is not None and death.cause is not None and (
-                death.code is not None or death.signal is not None):
-            return
-        await asyncio.sleep(0.02)
-
-
-def _link_text(event: LinkLost | LinkRestored | Notice) -> str:
-    if isinstance(event, LinkLost):
-        return f"connection lost, retrying in {event.retry_in:.1f}s — {event.reason}"
-    if isinstance(event, LinkRestored):
-        return f"connection restored to {event.host}"
-    return event.text
-
-
 async def cmd_wait(args: argparse.Namespace) -> int:
     profile = _profile(args.profile)
     if is_cluster(profile):
         group = ClusterRun(profile, history=History())
         try:
-            return await wait_cluster(group, args, _Printer(args.json).say)
+            return await follow(SeveralHosts(group), args, _Printer(args.json).say)
         finally:
             await group.close()
     sup = Supervisor(profile, history=History())
     try:
-        return await _wait(sup, args, _Printer(args.json))
+        return await follow(OneHost(sup), args, _Printer(args.json).say)
     except PreflightFailed as exc:
         raise _refused(sup, exc) from None
     finally:
@@ -503,7 +381,8 @@ async def cmd_demo_headless(args: argparse.Namespace) -> int:
                                 kill_leftovers=False)
         with _cancelled_on_hangup() as hung_up:
             try:
-                code = await _wait(sup, ns, out, past_ready=args.scenario == "engine-killed")
+                code = await follow(OneHost(sup), ns, out.say,
+                                    past_ready=args.scenario == "engine-killed")
             except asyncio.CancelledError:
                 if not hung_up:
                     raise
@@ -675,7 +554,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("profile")
     sp.add_argument("--launch", action="store_true", help="launch when no run is alive")
     sp.add_argument("--until", choices=["ready"], default="ready", help="what to wait for")
-    sp.add_argument("--timeout", type=_duration_arg, default=None, help="e.g. 40m, 90s")
+    sp.add_argument("--timeout", type=_duration_arg, default=None,
+                    help="give up after this long (in place of expect.ready_timeout), e.g. 40m")
     sp.add_argument("--json", action="store_true", help="one JSON object per line")
     sp.add_argument("--skip-preflight", action="store_true")
     sp.add_argument("--kill-leftovers", action="store_true",

@@ -59,8 +59,10 @@ from tui.supervise.runs import Member, Run, SingleRun
 from tui.supervise.supervisor import StacksTaken, Supervisor
 
 PAGE_BYTES = 256 * 1024  # one scroll-back page fetched from the host
-WINDOW_MARKS = {"dead": "✗ DEAD", "stalled": "⚠ STALLED", "ready": "✓ READY"}
-FLEET_ALERTS = frozenset({"dead", "stalled", "link", "error"})  # what a fleet row keeps
+WINDOW_MARKS = {"dead": "✗ DEAD", "stalled": "⚠ STALLED", "timeout": "⚠ NOT READY",
+                "ready": "✓ READY"}
+# what a fleet row keeps
+FLEET_ALERTS = frozenset({"dead", "stalled", "timeout", "link", "error"})
 PANE_ACTIONS = frozenset({"toggle_raw", "search", "next_match", "prev_match", "toggle_follow",
                           "next_pane", "prev_pane"})  # keys of an open member's panes
 FLEET_REDRAW_S = 0.2

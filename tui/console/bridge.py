@@ -27,7 +27,14 @@ from tui.console.messages import (
     ServingChanged,
     SpecDecodeChanged,
 )
-from tui.core.describe import death_lines, duration, gpu_verdict, skipped_words
+from tui.core.describe import (
+    death_lines,
+    duration,
+    gpu_verdict,
+    skipped_words,
+    timed_out_outcome,
+    timed_out_words,
+)
 from tui.core.gpuview import GpuHistory
 from tui.core.logwindow import Entry, entries
 from tui.core.proctree import ProcTree
@@ -39,6 +46,7 @@ from tui.core.state import (
     HelperExited,
     LinesAdded,
     Ready,
+    ReadyTimedOut,
     ServingSeen,
     Stalled,
     State,
@@ -155,6 +163,12 @@ class Bridge:
                 more = f" (+{len(event.stacks) - 4} more)" if len(event.stacks) > 4 else ""
                 out.append(AlertRaised("stalled", "STALLED — " + self.stalled.summary(),
                                        f"stacks {event.why}: {where}{more} — d shows them all"))
+            elif isinstance(event, ReadyTimedOut):
+                keys = "" if event.limit.kill else " · k kills it, r restarts it"
+                out.append(AlertRaised("timeout", f"TIMEOUT — {timed_out_words(event)}, still "
+                                                  f"{event.state.value}",
+                                       timed_out_outcome(event) + keys, ring=True))
+                run_changed = True
             elif isinstance(event, Ready):
                 self.ready_took = event.took
                 out.append(AlertRaised("ready", f"READY — took {duration(event.took)}",

@@ -18,6 +18,7 @@ from tui.core.state import (
     HelperExited,
     PhaseChanged,
     Ready,
+    ReadyTimedOut,
     Stalled,
     State,
     StateChanged,
@@ -72,6 +73,18 @@ def cause_lines(cause: RootCause) -> list[str]:
     return lines
 
 
+def timed_out_words(event: ReadyTimedOut) -> str:
+    """`not READY after 40m00s (ready_timeout)`: the banner, the timeline and `wait` alike."""
+    return f"not READY after {duration(event.limit.seconds)} ({event.limit.name})"
+
+
+def timed_out_outcome(event: ReadyTimedOut) -> str:
+    """What giving up does to the run: the profile's [expect] on_ready_timeout."""
+    if event.limit.kill:
+        return 'killing the run (on_ready_timeout = "kill")'
+    return 'the run keeps running (on_ready_timeout = "keep")'
+
+
 def describe(event: object) -> list[str]:
     """Lines worth printing for one domain event (most events print nothing)."""
     if isinstance(event, PhaseChanged):
@@ -85,6 +98,9 @@ def describe(event: object) -> list[str]:
     if isinstance(event, Stalled):
         return [f"STALLED: {event.summary()}",
                 *(f"suspect: {suspect.words()}" for suspect in event.suspects)]
+    if isinstance(event, ReadyTimedOut):
+        return [f"TIMEOUT: {timed_out_words(event)}, still {event.state.value}; "
+                f"{timed_out_outcome(event)}"]
     if isinstance(event, HelperExited):
         ex = event.exit
         how = f"signal {ex.signal}" if ex.signal is not None else f"exit code {ex.code}"

@@ -51,9 +51,11 @@ def gpu_words(rows: Iterable[GpuRow]) -> str:
 
 def alert_words(kind: str, title: str, view: RunView) -> str:
     """The alert a row keeps, on one short plain line: a death's root cause (its headline when
-    none was found); a stall or a lost link that has since cleared says nothing any more."""
+    none was found); a stall, a lost link or a timeout that has since cleared (READY after all)
+    says nothing any more."""
     if (kind == "stalled" and view.state is not State.STALLED) or (
-            kind == "link" and view.link is None):
+            kind == "link" and view.link is None) or (
+            kind == "timeout" and view.state is State.READY):
         return ""
     death = view.death
     if kind == "dead" and death is not None and death.cause is not None:

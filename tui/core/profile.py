@@ -36,6 +36,7 @@ SCENARIOS = ("ready", "syntax-error", "oom", "hang", "engine-killed")
 ROLES = ("head", "worker")
 CLUSTER_BACKENDS = ("ray", "native")
 CLUSTER_PORTS = {"ray": 6379, "native": 29500}  # Ray's GCS port, torch's usual master port
+ON_READY_TIMEOUT = ("keep", "kill")  # what giving up on a launch does to its run
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +136,9 @@ class LogsConfig:
 class ExpectConfig:
     load_time: float = 1800.0
     stall_timeout: float = 600.0
+    # not READY this long after the launch: given up on (wait exits 4, the console alerts)
     ready_timeout: float | None = None
+    on_ready_timeout: str = "keep"  # or "kill": the run is killed when it is given up on
     stacks_on_stall: bool = True  # py-spy every process of the run once when it stalls
     # once READY, how often the agent asks the server (/metrics, else /health): a week of
     # supervision must not fill the server's log with the tool's own requests
@@ -649,7 +652,8 @@ _PREFLIGHT = {name: _bool for name in (
     "spec_consistent")} | {"compile_files": _list(_str)}
 _LOGS = {"hide": _list(_rule), "harmless": _list(_rule)}
 _EXPECT = {"load_time": _duration, "stall_timeout": _duration, "ready_timeout": _duration,
-           "stacks_on_stall": _bool, "serving_probe_interval": _duration}
+           "on_ready_timeout": _one_of(ON_READY_TIMEOUT), "stacks_on_stall": _bool,
+           "serving_probe_interval": _duration}
 _ALERTS = {"on_ready": _str, "on_dead": _str, "on_stalled": _str, "hook_timeout": _duration,
            "tmux": _bool}
 _SMOKE = {"enabled": _bool, "kind": _one_of(("completion", "chat")), "prompt": _str,

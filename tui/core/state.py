@@ -2,8 +2,10 @@
 
 PENDING → PREFLIGHT → STARTING → LOADING(phase, progress) → READY; from any live state DEAD(cause),
 STALLED (nothing in the log and no GPU memory change for longer than the profile allows) and
-KILLING → STOPPED. The death of ANY server process is a death, whatever the top process's exit
-code: a real vLLM exits 0 after its engine core was killed.
+KILLING → STOPPED. Not READY within the ready limit (the profile's ready_timeout), the launch is
+given up on once (ReadyTimedOut); its state stays what it was, what follows is the supervisor's.
+The death of ANY server process is a death, whatever the top process's exit code: a real vLLM
+exits 0 after its engine core was killed.
 """
 
 from __future__ import annotations
@@ -171,6 +173,28 @@ class Stalled:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadyLimit:
+    """How long a launch may take to READY before it is given up on: the profile's
+    `ready_timeout`, counted from the launch, or `wait --timeout` in its place, counted from
+    when that wait began following (`name` says which); `kill`: the profile's
+    on_ready_timeout = "kill" (the run is killed when given up on, else it keeps running)."""
+
+    seconds: float
+    name: str = "ready_timeout"
+    from_launch: bool = True
+    kill: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyTimedOut:
+    """The launch was given up on: not READY within its limit (`state`: what it still was)."""
+
+    limit: ReadyLimit
+    state: State
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class Ready:
     at: float
     took: float
@@ -191,7 +215,7 @@ class HelperExited:
 
 
 DomainEvent = (StateChanged | PhaseChanged | ProgressChanged | LinesAdded | Died | CauseUpdated
-               | Stalled | Ready | HelperExited | ServingSeen)
+               | Stalled | Ready | HelperExited | ServingSeen | ReadyTimedOut)
 
 
 @dataclass(slots=True)
@@ -209,6 +233,9 @@ class LaunchMachine:
     noise: NoiseFilter = field(default_factory=lambda: NoiseFilter([]))
     stall_timeout_s: float = 600.0
     expected_load_s: float | None = None
+    ready_limit: ReadyLimit | None = None
+    ready_deadline: float | None = None  # when the launch is given up on without READY
+    timed_out: ReadyTimedOut | None = None
     state: State = State.PENDING
     launched_at: float | None = None
     timeline: Timeline | None = None
@@ -236,6 +263,7 @@ class LaunchMachine:
     # each live process's state and since when it is held (stopped, D): the stall's suspects
     procwatch: ProcWatch = field(default_factory=ProcWatch)
     _health_ok: set[str] = field(default_factory=set)
+    _health_heard: set[str] = field(default_factory=set)  # paths that answered (ok or not)
     _furthest: Phase | None = None  # the furthest phase a line of the log named
     _gpus: dict[int, _GpuTrack] = field(default_factory=dict)
 
@@ -266,6 +294,9 @@ class LaunchMachine:
         self.launched_at = launched_at
         self.last_line_at = at
         self.timeline = Timeline(launched_at, self.expected_load_s)
+        limit = self.ready_limit
+        if limit is not None:
+            self.ready_deadline = (launched_at if limit.from_launch else at) + limit.seconds
         self.log_clock = LogClock(launched_at)
         return self._to(State.STARTING, at)
 
@@ -502,6 +533,7 @@ class LaunchMachine:
     def feed_health(self, health: Health, at: float) -> list[DomainEvent]:
         """READY only when every health path (/health, then /v1/models) answers from the
         GPU host; a log line alone is not enough."""
+        self._health_heard.add(health.path)
         if health.ok:
             self._health_ok.add(health.path)
         else:
@@ -530,7 +562,23 @@ class LaunchMachine:
         return tuple(i for i, t in sorted(self._gpus.items()) if at - t.changed_at >= window)
 
     def tick(self, at: float) -> list[DomainEvent]:
-        """Time passes: a quiet log and frozen GPU memory for too long is a stall."""
+        """Time passes: past the ready limit without READY, the launch is given up on; a quiet
+        log and frozen GPU memory for too long is a stall."""
+        return [*self._overdue(at), *self._stalled(at)]
+
+    def _overdue(self, at: float) -> list[DomainEvent]:
+        """Given up on, once, when the ready limit passed without READY. Judged only after
+        every health path has answered since watching began: a server attached to long after
+        its launch may be READY, and must not be taken for a late one (nor killed for it)."""
+        limit, deadline = self.ready_limit, self.ready_deadline
+        if (limit is None or deadline is None or self.timed_out is not None or at < deadline
+                or self.state not in (State.STARTING, State.LOADING, State.STALLED)
+                or not self._health_heard.issuperset(self.health_paths)):
+            return []
+        self.timed_out = ReadyTimedOut(limit, self.state, at)
+        return [self.timed_out]
+
+    def _stalled(self, at: float) -> list[DomainEvent]:
         if self.state not in (State.STARTING, State.LOADING) or self.last_line_at is None:
             return []
         quiet = at - self.last_line_at

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from tui.core.describe import duration
+from tui.core.describe import duration, timed_out_words
 from tui.core.phases import Phase
-from tui.core.state import Death, LaunchMachine, Stalled, State
+from tui.core.state import Death, LaunchMachine, ReadyTimedOut, Stalled, State
 from tui.core.timeline import PhaseSpan
 
 OVERRUN = 1.5  # a phase this many times its usual duration is flagged
@@ -35,6 +35,7 @@ class RunView:
     link: str | None = None  # "connection lost, retrying in 2.0s" while the link is down
     # each phase's usual duration (median of earlier successful launches of this profile+host)
     usual: Mapping[str, float] = field(default_factory=dict)
+    timed_out: ReadyTimedOut | None = None  # given up on: not READY within the ready limit
 
     @property
     def current(self) -> PhaseSpan | None:
@@ -85,7 +86,14 @@ def view_of(machine: LaunchMachine, *, stalled: Stalled | None = None,
                    tl.finished_at if tl is not None else None,
                    machine.expected_load_s, machine.death,
                    stalled if machine.state is State.STALLED else None, ready_took, link,
-                   usual or {})
+                   usual or {}, machine.timed_out)
+
+
+def timed_out_text(view: RunView) -> str:
+    """`⚠ not READY after 40m00s (ready_timeout)` under the timeline, until READY after all."""
+    if view.timed_out is None or view.state is State.READY:
+        return ""
+    return f"⚠ {timed_out_words(view.timed_out)}"
 
 
 def progress_text(span: PhaseSpan) -> str:

@@ -81,6 +81,10 @@ class ClusterRun:
         self._pumps: list[asyncio.Task[None]] = []
         for m in self.parts:
             self.sups[m.name].hook_allowed = self._hook_gate(m)
+        self.kill_grace = 10.0
+        # the server's member gives up on the launch (its ready_timeout); a kill then is the
+        # whole run's, every host
+        self.server.give_up = lambda: self.kill(self.kill_grace)
 
     @property
     def server(self) -> Supervisor:
@@ -154,6 +158,7 @@ class ClusterRun:
                     kill_leftovers: bool = False, grace: float = 10.0) -> RunInfo:
         """Attach when any member's run is alive (every member with a run is followed, so a
         host that died is reported), else launch (when allowed), else follow the last runs."""
+        self.kill_grace = grace
         self._watch_members()
         async def newest(m: cluster.Member) -> RunRecord | None:
             return await launcher.latest_run(await self.sups[m.name].connect(), m.profile)
@@ -279,6 +284,7 @@ class ClusterRun:
 
     async def restart(self, grace: float = 10.0, skip_preflight: bool = False) -> RunInfo:
         """Kill every member, verify, then launch the whole run again, in order."""
+        self.kill_grace = grace
         if any(s.run is not None for s in self.sups.values()):
             killed = await self.kill(grace)
             alive = sorted(p for k in killed.values() for p in k.remaining)

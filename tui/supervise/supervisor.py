@@ -65,6 +65,8 @@ from tui.core.state import (
     DomainEvent,
     LaunchMachine,
     Ready,
+    ReadyLimit,
+    ReadyTimedOut,
     Stalled,
     State,
     StateChanged,
@@ -248,6 +250,13 @@ class Supervisor:
         self.clock = clock
         self.session: Session | None = None
         self.run: RunInfo | None = None
+        # the launch is given up on past this (the server's member only: it answers for READY)
+        self.ready_limit = ready_limit_of(profile) if serves else None
+        self.kill_grace = 10.0  # TERM to KILL, for the kills this supervisor decides itself
+        # on_ready_timeout = "kill": what kills the run (a multi-host run's coordinator kills
+        # every host), and the kill under way, for `wait` to report when it ends
+        self.give_up: Callable[[], Awaitable[object]] = lambda: self.kill(self.kill_grace)
+        self.giving_up: asyncio.Task[None] | None = None
         self.machine = self._new_machine()
         self.log_end = 0
         self.lost_gpus: set[int] = set()  # devices already said lost (once each)
@@ -272,7 +281,14 @@ class Supervisor:
         return LaunchMachine(engine=engine or self.profile.server.engine,
                              noise=noise_for(self.profile),
                              stall_timeout_s=exp.stall_timeout if self.serves else math.inf,
-                             expected_load_s=exp.load_time)
+                             expected_load_s=exp.load_time, ready_limit=self.ready_limit)
+
+    def limit_ready(self, seconds: float, name: str) -> None:
+        """`wait --timeout`: give up after `seconds` from when the run is followed, in place
+        of the profile's ready_timeout; what giving up does stays the profile's."""
+        kill = self.profile.expect.on_ready_timeout == "kill"
+        self.ready_limit = ReadyLimit(seconds, name, from_launch=False, kill=kill)
+        self.machine.ready_limit = self.ready_limit
 
     # -- events ------------------------------------------------------------------------------
 
@@ -313,6 +329,8 @@ class Supervisor:
             if self.profile.expect.stacks_on_stall and not self._stall_stacks:
                 self._stall_stacks = True  # once a stall: it is taken, or said why not
                 self._spawn(self._stacks_on_stall())
+        elif isinstance(event, ReadyTimedOut) and event.limit.kill and self.giving_up is None:
+            self.giving_up = self._spawn(self._give_up())
         elif isinstance(event, StateChanged) and event.previous is State.STALLED:
             self._stall_stacks = False
         elif isinstance(event, StateChanged) and event.state is State.STOPPED:
@@ -345,10 +363,19 @@ class Supervisor:
             self._emit([Notice(f"launch history not written ({self.history.path}): {exc}",
                                "warning")])
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
         self._side.add(task)
         task.add_done_callback(self._side.discard)
+        return task
+
+    async def _give_up(self) -> None:
+        """on_ready_timeout = "kill": the run killed as the kill key kills it; a kill that
+        fails is said, never raised."""
+        try:
+            await self.give_up()
+        except (SpecconsoleError, OSError) as exc:
+            self._emit([Notice(f"not killed after the ready timeout: {exc}", "warning")])
 
     def _hook(self, event: str, **fields: object) -> None:
         command = getattr(self.profile.alerts, f"on_{event}")
@@ -549,6 +576,7 @@ class Supervisor:
                     kill_leftovers: bool = False, grace: float = 10.0) -> RunInfo:
         """Attach to the profile's live run, else launch one (when allowed), else follow its
         newest run, dead or not, so its end can be reported."""
+        self.kill_grace = grace
         latest = await launcher.latest_run(await self.connect(), self.profile)
         if latest is not None and latest.alive:
             return await self.attach(latest)
@@ -764,8 +792,9 @@ class Supervisor:
     async def restart(self, grace: float = 10.0, skip_preflight: bool = False) -> RunInfo:
         """Kill, verify, and relaunch as a new run with a fresh machine and timeline. With no
         run yet (the first start failed), start: attach to a live run, else launch."""
+        self.kill_grace = grace
         if self.run is None:
-            return await self.start(launch=True, skip_preflight=skip_preflight)
+            return await self.start(launch=True, skip_preflight=skip_preflight, grace=grace)
         killed = await self.kill(grace)
         if killed.remaining:  # never a second server beside a first that will not die
             raise SpecconsoleError(
@@ -779,7 +808,16 @@ class Supervisor:
         for task in self._tasks:
             task.cancel()
         self._tasks = []
+        self.giving_up = None
         self.machine = self._new_machine()
+
+
+def ready_limit_of(profile: Profile) -> ReadyLimit | None:
+    """The profile's [expect] ready_timeout and on_ready_timeout, when it sets a timeout."""
+    exp = profile.expect
+    if exp.ready_timeout is None:
+        return None
+    return ReadyLimit(exp.ready_timeout, "ready_timeout", kill=exp.on_ready_timeout == "kill")
 
 
 def smoke_result(reply: HttpReply, kind: str) -> SmokeDone:

@@ -1,5 +1,5 @@
-"""The banner: DEAD in red, STALLED in amber, READY in green, the link and kill in between.
-Hidden until something happens; it never scrolls away."""
+"""The banner: DEAD in red, STALLED and TIMEOUT in amber, READY in green, the link and kill in
+between. Hidden until something happens; it never scrolls away."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from tui.console.messages import AlertRaised
 from tui.core.logline import strip_escapes
 
 # the worst news stays up: a later, milder alert does not hide a death
-_RANK = {"dead": 5, "error": 4, "stalled": 3, "link": 3, "killing": 2, "stopped": 2,
-         "ready": 1, "warning": 1, "info": 0}
+_RANK = {"dead": 5, "error": 4, "stalled": 3, "timeout": 3, "link": 3, "killing": 2,
+         "stopped": 2, "ready": 1, "warning": 1, "info": 0}
 KINDS = tuple(_RANK)
 
 

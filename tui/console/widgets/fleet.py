@@ -21,7 +21,8 @@ COLUMNS = (("run / host", 18), ("role", 10), ("state", 9), ("phase", 24), ("GPUs
 STATE_STYLES = {State.DEAD: "bold red", State.STALLED: "bold #ffaf00",
                 State.KILLING: "bold #ffaf00", State.READY: "bold green",
                 State.STOPPED: "dim"}
-ALERT_STYLES = {"dead": "red", "error": "red", "stalled": "#ffaf00", "link": "#ffaf00"}
+ALERT_STYLES = {"dead": "red", "error": "red", "stalled": "#ffaf00", "timeout": "#ffaf00",
+                "link": "#ffaf00"}
 
 
 @dataclass(frozen=True, slots=True)

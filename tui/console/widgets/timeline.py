@@ -16,7 +16,7 @@ from tui.console.messages import (
 from tui.console.widgets.format import bar, sparkline
 from tui.core.describe import duration
 from tui.core.protocol import Check
-from tui.core.status import RunView, timeline_rows
+from tui.core.status import RunView, timed_out_text, timeline_rows
 
 
 class TimelinePane(Widget, can_focus=True):
@@ -95,6 +95,8 @@ class TimelinePane(Widget, can_focus=True):
                 out.append(" ")
                 out.append_text(bar(row.progress, room - 1, "yellow"))
             out.append("\n")
+        if given_up := timed_out_text(view):
+            out.append(given_up + "\n", style="bold yellow")
         out.append(f"elapsed {duration(view.elapsed(now))}", style="bold")
         if view.expected_load_s is not None:
             out.append(f" · expected {duration(view.expected_load_s)}")
