@@ -222,6 +222,58 @@ enabled = false
     assert _cli("kill", str(profile), "--grace", "2", env=env).returncode == 0
 
 
+def test_secrets_on_the_command_line_and_from_the_shell_reach_the_server_only(
+        tmp_path: Path, cleanup) -> None:
+    """`--api-key` in server.args (both forms) and an env value taken from the shell: in no
+    output of launch, wait, status, logs, history, history --diff, check; nor in launch.json or
+    the history database. The server still gets them."""
+    key_a, key_b, token = "s3cr3t-KEY-a1b2c3d4", "s3cr3t-KEY-e5f6a7b8", "hf_FromTheShell-0987"
+    data = tmp_path / "data"
+    env = {"SPECCONSOLE_DATA_DIR": str(data), "SPECCONSOLE_TEST_HF": token}
+
+    def profile_with(args: list[str]) -> Path:
+        path = sim_profile(tmp_path, "ready", time_scale=300)
+        text = path.read_text().replace("[server]\n", f"[server]\nargs = {json.dumps(args)}\n", 1)
+        path.write_text(text + '\n[server.env]\nHF_TOKEN = "${SPECCONSOLE_TEST_HF}"\n')
+        return path
+
+    profile = profile_with(["--api-key", key_a])
+    first = _cli("wait", str(profile), "--launch", "--timeout", "60s", env=env)
+    run_a = _run_id(first.stdout)
+    cleanup.append(run_a)
+    assert first.returncode == 0, first.stdout + first.stderr
+    server = next(pid for pid in carriers(run_a)
+                  if b"tui.sim.engine" in Path(f"/proc/{pid}/cmdline").read_bytes())
+    assert key_a.encode() in Path(f"/proc/{server}/cmdline").read_bytes()  # as given
+    assert f"HF_TOKEN={token}".encode() in Path(f"/proc/{server}/environ").read_bytes()
+    outputs = [first, _cli("status", str(profile), env=env)]
+    logs = _cli("logs", str(profile), "--raw", env=env)
+    assert "'api_key': '«redacted»'" in logs.stdout  # the server printed it; shown hidden
+    outputs += [logs, _cli("kill", str(profile), "--grace", "5", env=env)]
+    profile = profile_with([f"--api-key={key_b}"])
+    launched = _cli("launch", str(profile), env=env)
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    run_b = _run_id(launched.stdout)
+    cleanup.append(run_b)
+    outputs += [launched, _cli("wait", str(profile), "--timeout", "60s", env=env),
+                _cli("kill", str(profile), "--grace", "5", env=env),
+                _cli("history", env=env)]
+    changed = _cli("history", "--diff", run_a, run_b, env=env)
+    assert "+--api-key=«redacted»" in changed.stdout, changed.stdout
+    checked = _cli("check", str(profile), env=env)
+    assert "--api-key on the command line is visible to every user of the host in `ps`" in \
+        checked.stdout and 'secret_env = ["VLLM_API_KEY"]' in checked.stdout, checked.stdout
+    assert 'server.env.HF_TOKEN looks like a secret' in checked.stdout
+    outputs += [changed, checked]
+    written = [p.read_bytes() for p in data.iterdir()]  # the database, its journal if any
+    written += [p.read_bytes() for p in (tmp_path / "runs").glob("*/launch.json")]
+    assert len(written) >= 3
+    for secret in (key_a, key_b, token):
+        for result in outputs:
+            assert secret not in result.stdout + result.stderr, (secret, result.args)
+        assert not any(secret.encode() in blob for blob in written), secret
+
+
 def test_preflight_refuses_a_patched_file_with_a_syntax_error(tmp_path: Path) -> None:
     broken = tmp_path / "kimi_k25.py"
     broken.write_text("import torch\nfrom .deepseek_v2 import (DeepseekV2Model,\n")
