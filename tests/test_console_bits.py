@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import until
 from rich.console import Console
 from rich.style import Style
 
@@ -204,3 +205,45 @@ def test_the_gpu_pane_tells_no_nvml_from_no_data_yet(nvml_ok: bool, error: str |
     assert changed.rows == ()
     assert text.plain.startswith(shown)
     assert ("no GPU data will come" in text.plain) is (not nvml_ok)
+
+
+# what a host may say, once the session has cleaned it: markup-like words (a closing tag with no
+# opening one is a MarkupError when parsed as markup)
+REMOTE = "[bold]boom[/bold] [/] [link=x]"
+
+
+async def test_remote_words_are_drawn_as_text_never_as_markup() -> None:
+    from textual.widgets._toast import Toast
+
+    from tui.console.screens.stacks import StacksScreen
+    from tui.console.widgets.procs import ProcPane
+    from tui.core.errors import SessionError
+    from tui.core.proctree import ProcRow
+    from tui.supervise.supervisor import StacksTaken
+
+    app = ConsoleApp(Supervisor(load_profile(PROFILES / "demo.toml")), launch=False)
+    async with app.run_test(size=(200, 40), notifications=True) as pilot:
+        w = app.watches[0]
+        await until(pilot, lambda: w.idle_text, 10, "the console idle (nothing launched)")
+
+        async def unreadable(start: int, end: int) -> list[object]:
+            raise SessionError("gpu1", REMOTE)
+
+        w.sup.read_log = unreadable  # type: ignore[method-assign]
+        await app._older(w, 4096)  # its notice quotes the host's words
+        await until(pilot, lambda: app.screen.query(Toast), 10, "the notice drawn")
+        toasts = [str(t.render()) for t in app.screen.query(Toast)]
+        assert any(f"older lines could not be read: gpu1: {REMOTE}" in t for t in toasts), toasts
+        app._idle(w, f"agent failed: {REMOTE}")  # the status line quotes why nothing runs
+        w.panes.query_one(ProcPane).show((ProcRow(0, 7, f"python {REMOTE}", "running", 1.0,
+                                                  1 << 20, None, 0.0, True, None),), 1.0)
+        await pilot.pause()
+        assert str(w.panes.query_one("#status").render()) == f"agent failed: {REMOTE}"
+        assert w.panes.query_one(ProcPane).get_cell_at((0, 1)).plain == f"python {REMOTE}"
+        run_dir = "/home/u/runs [x]/demo-[1]"  # a run path with brackets
+        app._show_stacks(w, StacksTaken((), f"{run_dir}/stacks.txt", "on request", 0.0))
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen), 10, "the stacks pane")
+        await pilot.pause()
+        assert f"saved on the host: {run_dir}/stacks.txt" in str(
+            app.screen.query_one("#stacks-title").render())
+        await app.sup.close()

@@ -127,6 +127,36 @@ async def test_ready_over_ssh_then_kill_leaves_nothing(tmp_path: Path, ssh_serve
     _assert_ready_then_killed(profile, result, status, killed, run_id)
 
 
+# a host whose shell start-up greets in colour, sets the terminal's title and writes markup
+NOISY = b"\x1b]0;pwned\x07\x1b[1;31m[bold]Welcome[/bold] to gpu1 [/]\x1b[0m\x1b[2J\n"
+
+
+async def test_a_noisy_host_never_drives_the_terminal(tmp_path: Path, ssh_server,
+                                                      cleanup) -> None:
+    ssh_server.startup = NOISY
+    where = tmp_path / "runs [x]"  # the run dir's path holds brackets too
+    where.mkdir()
+    profile = sim_profile(where, "ready", target=ssh_server.alias, time_scale=300)
+    waited = await _acli("wait", str(profile), "--launch", "--timeout", "60s",
+                         env=ssh_server.env)
+    cleanup.append(_run_id(waited.stdout))
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    status = await _acli("status", str(profile), env=ssh_server.env)
+    killed = await _acli("kill", str(profile), "--grace", "5", env=ssh_server.env)
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    broken = where / "python-that-fails"  # the agent's last stderr line is the host's noise
+    broken.write_bytes(b"#!/bin/sh\nprintf '" + NOISY.replace(b"\x1b", b"\\033")
+                       .replace(b"\x07", b"\\007").replace(b"\n", b"\\n") + b"' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    profile.write_text(profile.read_text().replace(f'python = "{sys.executable}"',
+                                                   f'python = "{broken}"'))
+    refused = await _acli("check", str(profile), env=ssh_server.env)
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "[bold]Welcome[/bold] to gpu1 [/]" in refused.stderr  # the words, as text
+    for result in (waited, status, killed, refused):
+        assert "\x1b" not in result.stdout + result.stderr and "\x07" not in result.stderr
+
+
 def test_missing_remote_python_is_one_line_with_the_fix(tmp_path: Path) -> None:
     profile = sim_profile(tmp_path, "ready")
     profile.write_text(profile.read_text().replace(f'python = "{sys.executable}"',
