@@ -93,6 +93,9 @@ class SSHTestServer:
         self.commands: list[str | None] = []
         self.usernames: list[str] = []
         self.forwards: list[tuple[str, int]] = []
+        # what the user's shell start-up prints to stderr before each command (a .bashrc that
+        # greets in colour, sets the window title)
+        self.startup = b""
         self.connections: set[asyncssh.SSHServerConnection] = set()
         self._procs: set[asyncio.subprocess.Process] = set()
         self._acceptor: asyncssh.SSHAcceptor | None = None
@@ -162,6 +165,8 @@ class SSHTestServer:
             process.stderr.write(b"this test server runs commands, not shells\n")
             process.exit(1)
             return
+        if self.startup:
+            process.stderr.write(self.startup)
         proc = await asyncio.create_subprocess_exec(
             "/bin/sh", "-c", process.command, stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

@@ -15,9 +15,12 @@ from tui.core.command import (
     REDACTED,
     build_server_argv,
     host_python,
+    known_secrets,
     new_run_id,
     redact,
     resolve_secrets,
+    secret_checks,
+    secret_flag_values,
     shell_join,
     speculative_config_json,
 )
@@ -140,6 +143,55 @@ def test_missing_secret_names_the_variable_and_the_profile(environ):
 ])
 def test_redact(text, secrets, expected):
     assert redact(text, secrets) == expected
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--api-key", "k1", "--port", "8000"], ["k1"]),
+    (["--api-key", "k1", "k2", "--max-model-len", "4096"], ["k1", "k2"]),  # vLLM: one or more
+    (["--api-key=k1=tail", "--hf-token", "hf_x"], ["k1=tail", "hf_x"]),
+    (["--hf-token", "--trust-remote-code"], []),  # alone: the cached login, no value here
+    (["--admin-api-key", "a", "--ssl-keyfile-password=p", "--ssl-keyfile", "/k.pem"],
+     ["a", "p"]),
+    (["--api-keys", "x", "--served-model-name", "key"], []),  # only the flags themselves
+])
+def test_secret_flag_values(argv, expected):
+    assert secret_flag_values(argv) == expected
+
+
+def test_known_secrets_are_every_value_that_must_not_be_shown():
+    text = ('args = ["--api-key", "s3cr3t-arg"]\nsecret_env = ["WANDB_KEY"]\n'
+            'command = ["sh", "-c", "x", "--hf-token=hf_incommand"]\n'
+            '[server.env]\nHF_TOKEN = "${HF}"\nCACHE = "${HOME}/hf"\nLIT_PASSWORD = "pw-literal"\n'
+            'TOKENIZERS_PARALLELISM = "false"\nN = "${N:-${DEFAULT_N:-n-default}}"\n'
+            'MASTER_PORT = "${PORT}"\nOFFLINE = "${OFF}"')
+    p = loads_profile(f'[host]\ntarget = "h"\n[server]\nengine = "vllm"\nmodel = "/m"\n{text}',
+                      "/p/t.toml", {"HF": "hf_fromshell", "HOME": "/home/u", "DEFAULT_N": "n-env",
+                                    "PORT": "29500", "OFF": "True"})
+    # a path, a number or a switch from the shell is no secret; "false" and a literal default
+    # are no secrets either
+    assert set(known_secrets(p, {"WANDB_KEY": "w-value"})) == {
+        "w-value", "hf_fromshell", "n-env", "pw-literal", "hf_incommand", "s3cr3t-arg"}
+    assert known_secrets(profile(), {}) == ()
+
+
+@pytest.mark.parametrize(("engine", "server", "says"), [
+    ("vllm", 'args = ["--api-key", "k"]', 'secret_env = ["VLLM_API_KEY"]'),
+    ("vllm", 'args = ["--hf-token=k"]', 'secret_env = ["HF_TOKEN"]'),
+    ("sglang", 'args = ["--api-key", "k"]', "sglang takes it only as an argument: put it in the "
+                                           "YAML file that `--config` names"),
+    ("vllm", 'env = {HF_TOKEN = "x"}', 'server.env.HF_TOKEN looks like a secret'),
+])
+def test_check_warns_of_a_secret_where_it_leaks(engine, server, says):
+    p = loads_profile(f'[host]\ntarget = "h"\n[server]\nengine = "{engine}"\nmodel = "/m"\n'
+                      f"{server}", "/p/t.toml", {})
+    (check,) = secret_checks(p)
+    assert (check.check, check.ok, check.severity) == ("secrets", False, "warning")
+    assert says in check.message and "\n" not in check.message and "k" not in check.message.split()
+
+
+def test_no_secret_no_warning():
+    assert secret_checks(profile('secret_env = ["HF_TOKEN"]\nenv = {TOKENIZERS_PARALLELISM = '
+                                 '"false"}')) == ()
 
 
 def test_new_run_id():

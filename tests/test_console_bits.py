@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import until
 from rich.console import Console
 from rich.style import Style
 
@@ -118,6 +119,9 @@ def test_log_lines_keep_vllm_colours_and_nothing_else() -> None:
     raw = ("\x1b[1;36m(Worker_TP0 pid=3011)\x1b[0;0m INFO 09-30 14:02:41 [x.py:1] hello"
            "\x1b]0;pwned\x07\x1b]52;c;ZXZpbA==\x07\x1b[2J\x1b[H")
     view = LogView(LogWindow())
+    compact = view.line_text(Entry.of(parse_line(raw, 0), None), current=False)
+    assert compact.plain == "14:02:41 TP0    · hello"  # the filtered view's compact form
+    view.raw = True  # as written, in vLLM's own colours
     text = view.line_text(Entry.of(parse_line(raw, 0), None), current=False)
     assert text.plain == parse_line(raw, 0).plain
     assert "\x1b" not in text.plain and "pwned" not in text.plain
@@ -159,7 +163,11 @@ async def test_banner_and_log_lines_draw_no_escape_or_tab() -> None:
         banner.show("error", "agent: \x1b]52;c;ZXZpbA==\x07boom\x1b[2J", "why\x1b]0;t\x07 here")
         assert str(banner.render()) == "agent: boom\nwhy here"
     line = parse_line("\x1b[1;36m(Worker_TP0 pid=1)\x1b[0;0m a\tb", 0)
-    text = LogView(LogWindow()).line_text(Entry.of(line, None), current=False)
+    view = LogView(LogWindow())
+    compact = view.line_text(Entry.of(line, None), current=False)
+    assert compact.plain == "         TP0      a       b"  # the message's own tab stops
+    view.raw = True
+    text = view.line_text(Entry.of(line, None), current=False)
     assert text.plain == "(Worker_TP0 pid=1) a    b"  # to the next tab stop, as a terminal
 
 
@@ -232,3 +240,45 @@ def test_the_gpu_rows_show_the_device_name_whole_where_the_row_has_room(
     tail = len(f" pid {holder}" if holder else " —") + (7 if lagging else 0)
     drawn = 2 + name_w + 1 + bar_w + 15 + 4 + (1 + spark_w if spark_w else 0) + tail
     assert width < 60 or drawn <= width
+
+
+# what a host may say, once the session has cleaned it: markup-like words (a closing tag with no
+# opening one is a MarkupError when parsed as markup)
+REMOTE = "[bold]boom[/bold] [/] [link=x]"
+
+
+async def test_remote_words_are_drawn_as_text_never_as_markup() -> None:
+    from textual.widgets._toast import Toast
+
+    from tui.console.screens.stacks import StacksScreen
+    from tui.console.widgets.procs import ProcPane
+    from tui.core.errors import SessionError
+    from tui.core.proctree import ProcRow
+    from tui.supervise.supervisor import StacksTaken
+
+    app = ConsoleApp(Supervisor(load_profile(PROFILES / "demo.toml")), launch=False)
+    async with app.run_test(size=(200, 40), notifications=True) as pilot:
+        w = app.watches[0]
+        await until(pilot, lambda: w.idle_text, 10, "the console idle (nothing launched)")
+
+        async def unreadable(start: int, end: int) -> list[object]:
+            raise SessionError("gpu1", REMOTE)
+
+        w.sup.read_log = unreadable  # type: ignore[method-assign]
+        await app._older(w, 4096)  # its notice quotes the host's words
+        await until(pilot, lambda: app.screen.query(Toast), 10, "the notice drawn")
+        toasts = [str(t.render()) for t in app.screen.query(Toast)]
+        assert any(f"older lines could not be read: gpu1: {REMOTE}" in t for t in toasts), toasts
+        app._idle(w, f"agent failed: {REMOTE}")  # the status line quotes why nothing runs
+        w.panes.query_one(ProcPane).show((ProcRow(0, 7, f"python {REMOTE}", "running", 1.0,
+                                                  1 << 20, None, 0.0, True, None),), 1.0)
+        await pilot.pause()
+        assert str(w.panes.query_one("#status").render()) == f"agent failed: {REMOTE}"
+        assert w.panes.query_one(ProcPane).get_cell_at((0, 1)).plain == f"python {REMOTE}"
+        run_dir = "/home/u/runs [x]/demo-[1]"  # a run path with brackets
+        app._show_stacks(w, StacksTaken((), f"{run_dir}/stacks.txt", "on request", 0.0))
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen), 10, "the stacks pane")
+        await pilot.pause()
+        assert f"saved on the host: {run_dir}/stacks.txt" in str(
+            app.screen.query_one("#stacks-title").render())
+        await app.sup.close()

@@ -127,6 +127,36 @@ async def test_ready_over_ssh_then_kill_leaves_nothing(tmp_path: Path, ssh_serve
     _assert_ready_then_killed(profile, result, status, killed, run_id)
 
 
+# a host whose shell start-up greets in colour, sets the terminal's title and writes markup
+NOISY = b"\x1b]0;pwned\x07\x1b[1;31m[bold]Welcome[/bold] to gpu1 [/]\x1b[0m\x1b[2J\n"
+
+
+async def test_a_noisy_host_never_drives_the_terminal(tmp_path: Path, ssh_server,
+                                                      cleanup) -> None:
+    ssh_server.startup = NOISY
+    where = tmp_path / "runs [x]"  # the run dir's path holds brackets too
+    where.mkdir()
+    profile = sim_profile(where, "ready", target=ssh_server.alias, time_scale=300)
+    waited = await _acli("wait", str(profile), "--launch", "--timeout", "60s",
+                         env=ssh_server.env)
+    cleanup.append(_run_id(waited.stdout))
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    status = await _acli("status", str(profile), env=ssh_server.env)
+    killed = await _acli("kill", str(profile), "--grace", "5", env=ssh_server.env)
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    broken = where / "python-that-fails"  # the agent's last stderr line is the host's noise
+    broken.write_bytes(b"#!/bin/sh\nprintf '" + NOISY.replace(b"\x1b", b"\\033")
+                       .replace(b"\x07", b"\\007").replace(b"\n", b"\\n") + b"' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    profile.write_text(profile.read_text().replace(f'python = "{sys.executable}"',
+                                                   f'python = "{broken}"'))
+    refused = await _acli("check", str(profile), env=ssh_server.env)
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "[bold]Welcome[/bold] to gpu1 [/]" in refused.stderr  # the words, as text
+    for result in (waited, status, killed, refused):
+        assert "\x1b" not in result.stdout + result.stderr and "\x07" not in result.stderr
+
+
 def test_missing_remote_python_is_one_line_with_the_fix(tmp_path: Path) -> None:
     profile = sim_profile(tmp_path, "ready")
     profile.write_text(profile.read_text().replace(f'python = "{sys.executable}"',
@@ -220,6 +250,58 @@ enabled = false
     assert token not in (run_dir / "launch.json").read_text()
     assert (run_dir.stat().st_mode & 0o777) == 0o700
     assert _cli("kill", str(profile), "--grace", "2", env=env).returncode == 0
+
+
+def test_secrets_on_the_command_line_and_from_the_shell_reach_the_server_only(
+        tmp_path: Path, cleanup) -> None:
+    """`--api-key` in server.args (both forms) and an env value taken from the shell: in no
+    output of launch, wait, status, logs, history, history --diff, check; nor in launch.json or
+    the history database. The server still gets them."""
+    key_a, key_b, token = "s3cr3t-KEY-a1b2c3d4", "s3cr3t-KEY-e5f6a7b8", "hf_FromTheShell-0987"
+    data = tmp_path / "data"
+    env = {"SPECCONSOLE_DATA_DIR": str(data), "SPECCONSOLE_TEST_HF": token}
+
+    def profile_with(args: list[str]) -> Path:
+        path = sim_profile(tmp_path, "ready", time_scale=300)
+        text = path.read_text().replace("[server]\n", f"[server]\nargs = {json.dumps(args)}\n", 1)
+        path.write_text(text + '\n[server.env]\nHF_TOKEN = "${SPECCONSOLE_TEST_HF}"\n')
+        return path
+
+    profile = profile_with(["--api-key", key_a])
+    first = _cli("wait", str(profile), "--launch", "--timeout", "60s", env=env)
+    run_a = _run_id(first.stdout)
+    cleanup.append(run_a)
+    assert first.returncode == 0, first.stdout + first.stderr
+    server = next(pid for pid in carriers(run_a)
+                  if b"tui.sim.engine" in Path(f"/proc/{pid}/cmdline").read_bytes())
+    assert key_a.encode() in Path(f"/proc/{server}/cmdline").read_bytes()  # as given
+    assert f"HF_TOKEN={token}".encode() in Path(f"/proc/{server}/environ").read_bytes()
+    outputs = [first, _cli("status", str(profile), env=env)]
+    logs = _cli("logs", str(profile), "--raw", env=env)
+    assert "'api_key': '«redacted»'" in logs.stdout  # the server printed it; shown hidden
+    outputs += [logs, _cli("kill", str(profile), "--grace", "5", env=env)]
+    profile = profile_with([f"--api-key={key_b}"])
+    launched = _cli("launch", str(profile), env=env)
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    run_b = _run_id(launched.stdout)
+    cleanup.append(run_b)
+    outputs += [launched, _cli("wait", str(profile), "--timeout", "60s", env=env),
+                _cli("kill", str(profile), "--grace", "5", env=env),
+                _cli("history", env=env)]
+    changed = _cli("history", "--diff", run_a, run_b, env=env)
+    assert "+--api-key=«redacted»" in changed.stdout, changed.stdout
+    checked = _cli("check", str(profile), env=env)
+    assert "--api-key on the command line is visible to every user of the host in `ps`" in \
+        checked.stdout and 'secret_env = ["VLLM_API_KEY"]' in checked.stdout, checked.stdout
+    assert 'server.env.HF_TOKEN looks like a secret' in checked.stdout
+    outputs += [changed, checked]
+    written = [p.read_bytes() for p in data.iterdir()]  # the database, its journal if any
+    written += [p.read_bytes() for p in (tmp_path / "runs").glob("*/launch.json")]
+    assert len(written) >= 3
+    for secret in (key_a, key_b, token):
+        for result in outputs:
+            assert secret not in result.stdout + result.stderr, (secret, result.args)
+        assert not any(secret.encode() in blob for blob in written), secret
 
 
 def test_preflight_refuses_a_patched_file_with_a_syntax_error(tmp_path: Path) -> None:

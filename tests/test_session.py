@@ -25,6 +25,7 @@ from sshserver import SSHTestServer
 
 from tui.core.command import shell_join
 from tui.core.errors import (
+    AgentError,
     AuthRefused,
     ConnectionLost,
     HostKeyChanged,
@@ -35,6 +36,7 @@ from tui.core.errors import (
     SessionError,
 )
 from tui.core.profile import HostConfig
+from tui.remote.agent_link import AgentTarget, call_agent, stream_agent
 from tui.remote.session import LocalSession, Session, check_python, open_session
 
 PY = sys.executable
@@ -217,6 +219,29 @@ async def test_check_python_without_psutil(session: Session, tmp_path: Path) -> 
         assert "cannot import psutil (ImportError: psutil is hidden in this test)" in message
         assert "point host.python at the server's venv, which has psutil and pynvml" in message
         assert "pynvml" not in message.split("(")[0] and "\n" not in message
+
+
+NOISE = "\x1b]0;pwned\x07\x1b[1;31m[bold]gpu1[/bold] [/]\x1b[0m"
+
+
+async def test_a_failing_agent_is_quoted_without_its_escapes(session: Session,
+                                                             ssh_server: SSHTestServer,
+                                                             tmp_path: Path) -> None:
+    """The agent's last stderr line becomes the error: the words stay, the escapes go, over
+    SSH with a shell start-up that greets in colour as locally."""
+    ssh_server.startup = f"{NOISE} welcome\n".encode()
+    python = tmp_path / "python-agent-fails"
+    python.write_text(f"#!/bin/sh\nprintf '%s\\n' {shlex.quote(NOISE + ' agent died')} >&2\n"
+                      "exit 1\n")
+    python.chmod(0o755)
+    target = AgentTarget(str(python))
+    with pytest.raises(AgentError) as called:
+        await call_agent(session, target, "runs", {"runs_dir": str(tmp_path), "profile_key": "x"})
+    with pytest.raises(AgentError) as streamed:
+        async for _ in stream_agent(session, target, "watch", {}):
+            pass
+    for caught in (called, streamed):
+        assert str(caught.value).endswith("agent failed: [bold]gpu1[/bold] [/] agent died")
 
 
 # ----------------------------------------------------------------------------- ssh only

@@ -435,7 +435,7 @@ class ConsoleApp(App[str]):
             lines = await w.sup.read_log(max(0, before - PAGE_BYTES), before)
         except (SpecconsoleError, OSError) as exc:
             view.forget_request()  # scrolling up again asks again
-            self.notify(f"older lines could not be read: {exc}", severity="warning")
+            self.notify(f"older lines could not be read: {exc}", severity="warning", markup=False)
             return
         view.prepend(lines)
         w.panes.query_one(LogPane).update_header()
@@ -488,7 +488,8 @@ class ConsoleApp(App[str]):
         if w.sup.run is None:
             self.notify("no run to take stacks of")
             return
-        self.notify(f"taking the stacks of {w.member.host}'s processes with py-spy…")
+        self.notify(f"taking the stacks of {w.member.host}'s processes with py-spy…",
+                    markup=False)
         self.run_worker(self._stacks(w), exit_on_error=False)
 
     async def _stacks(self, w: Watch) -> None:

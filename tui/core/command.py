@@ -3,7 +3,9 @@
 Everything here returns argv lists, never shell text: the only place a command becomes a string
 is `shell_join` (shlex), which `tui.remote.session.SSHSession` applies to every remote command,
 so a profile value like `$(touch /tmp/pwned)` reaches the server as literal text. Secret values
-travel in the agent's stdin spec, never in argv, and are redacted from anything written down.
+travel in the agent's stdin spec, never in argv, and are redacted from anything written down:
+`known_secrets` is the one list of them that every output path (launch.json, history, the
+console, `wait`, `status`, `logs`) redacts with.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from secrets import token_hex
 
 from tui.core.errors import ProfileError
 from tui.core.profile import Profile, SimulateConfig
-from tui.core.protocol import Served
+from tui.core.protocol import Check, Served
 
 REDACTED = "«redacted»"
 # What the agent asks a server until it answers: readiness first, then the OpenAI route.
@@ -158,6 +160,80 @@ def resolve_secrets(profile: Profile, environ: Mapping[str, str]) -> dict[str, s
                                key="server.secret_env")
         values[name] = environ[name]
     return values
+
+
+# Flags of the servers' own parsers whose value is a secret: vLLM's FrontendArgs.api_key (one
+# or more keys) and EngineArgs.hf_token; SGLang's ServerArgs api_key, admin_api_key and
+# ssl_keyfile_password. Each with the variable the engine reads instead (None: only the flag,
+# or the YAML file its `--config` names, take it).
+SECRET_FLAGS: dict[str, dict[str, str | None]] = {
+    "--api-key": {"vllm": "VLLM_API_KEY", "sglang": None},
+    "--hf-token": {"vllm": "HF_TOKEN", "sglang": "HF_TOKEN"},  # huggingface_hub reads it
+    "--admin-api-key": {"vllm": None, "sglang": None},
+    "--ssl-keyfile-password": {"vllm": None, "sglang": None},
+}
+# a word of an environment variable's name that says its value is a secret (HF_TOKEN,
+# VLLM_API_KEY; not TOKENIZERS_PARALLELISM)
+_SECRET_NAME = re.compile(r"(?:^|_)(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|APIKEY)(?:_|$)",
+                          re.IGNORECASE)
+SECRETS_CHECK = "secrets"
+
+
+def secret_flag_values(argv: Iterable[str]) -> list[str]:
+    """The values given to SECRET_FLAGS in argv, as `--flag value [value...]` or `--flag=value`
+    (vLLM's --api-key takes several; --hf-token alone, with no value, names none)."""
+    values: list[str] = []
+    taking = False
+    for word in argv:
+        if word.startswith("-"):
+            flag, has_value, value = word.partition("=")
+            taking = flag in SECRET_FLAGS and not has_value
+            if flag in SECRET_FLAGS and has_value:
+                values.append(value)
+        elif taking:
+            values.append(word)
+    return values
+
+
+def _server_words(profile: Profile) -> list[str]:
+    """Where a secret flag can be written: the raw command and the engine's extra args."""
+    return [*(profile.server.command or ()), *profile.server.args]
+
+
+def known_secrets(profile: Profile, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """Every secret value of a profile, the one list all output is redacted with: secret_env's
+    values in `environ`, what `${NAME}` brought into server.env, server.env values whose name
+    says secret, and the values of SECRET_FLAGS in the server's command line."""
+    server = profile.server
+    values = [*(environ.get(name, "") for name in server.secret_env), *server.env_from_environ,
+              *(v for name, v in server.env.items() if _SECRET_NAME.search(name)),
+              *secret_flag_values(_server_words(profile))]
+    return tuple(dict.fromkeys(v for v in values if v))
+
+
+def secret_checks(profile: Profile) -> tuple[Check, ...]:
+    """Warnings (one line each, with the fix) for secrets held where they leak: on the
+    server's command line (every user of the host reads it in `ps`), or in server.env under a
+    secret-looking name (its value then sits in the profile file)."""
+    engine = profile.server.engine
+    out: list[Check] = []
+    flags = dict.fromkeys(w.partition("=")[0] for w in _server_words(profile)
+                          if w.partition("=")[0] in SECRET_FLAGS)
+    for flag in flags:
+        env = SECRET_FLAGS[flag].get(engine)
+        fix = (f"drop it and list {env} in secret_env = [\"{env}\"] ({engine} reads it)" if env
+               else f"{engine} takes it only as an argument: put it in the YAML file that "
+                    "`--config` names, readable by you alone")
+        out.append(Check(SECRETS_CHECK, False, "warning",
+                         f"{flag} on the command line is visible to every user of the host in "
+                         f"`ps`; {fix}"))
+    for name in profile.server.env:
+        if _SECRET_NAME.search(name) and name not in profile.server.secret_env:
+            out.append(Check(SECRETS_CHECK, False, "warning",
+                             f"server.env.{name} looks like a secret: remove it from server.env "
+                             f"and list it in secret_env = [\"{name}\"] (taken from your shell, "
+                             "sent over stdin, redacted everywhere)"))
+    return tuple(out)
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:

@@ -105,6 +105,9 @@ class ServerConfig:
     env: dict[str, str] = field(default_factory=dict)
     secret_env: tuple[str, ...] = ()
     command: tuple[str, ...] | None = None
+    # what the local environment gave to `env` through `${NAME}`: kept as secret as secret_env's
+    # values (tui.core.command.known_secrets); not a profile key
+    env_from_environ: tuple[str, ...] = ()
     speculative: SpeculativeConfig | None = None
 
 
@@ -224,11 +227,12 @@ def parse_duration(value: str | float) -> float:
     return seconds
 
 
-def expand_vars(text: str, environ: Mapping[str, str]) -> str:
+def expand_vars(text: str, environ: Mapping[str, str], used: list[str] | None = None) -> str:
     """`${NAME}` and `${NAME:-default}` (the default may hold references itself) from `environ`.
 
     Only the braced form is expanded, so a literal `$` elsewhere stays as written; an unset
-    `${NAME}` without a default is a ValueError naming the variable.
+    `${NAME}` without a default is a ValueError naming the variable. Each value taken from
+    `environ` is appended to `used` (the values a profile must keep secret).
     """
     out: list[str] = []
     at = 0
@@ -243,11 +247,18 @@ def expand_vars(text: str, environ: Mapping[str, str]) -> str:
                 raise ValueError(f"${{{name.group()}}} is not set (export it, or write "
                                  f"${{{name.group()}:-default}})")
             out.append(environ[name.group()])
+            if used is not None:
+                used.append(environ[name.group()])
             at = after + 1
         elif text.startswith(":-", after):
             end = _closing_brace(text, after + 2)
             default = text[after + 2:end]
-            out.append(environ.get(name.group()) or expand_vars(default, environ))
+            if environ.get(name.group()):
+                out.append(environ[name.group()])
+                if used is not None:
+                    used.append(environ[name.group()])
+            else:
+                out.append(expand_vars(default, environ, used))
             at = end + 1
         else:
             raise ValueError(f"bad variable reference in {text!r}: expected ${{NAME}} "
@@ -291,8 +302,9 @@ def loads_profile(text: str, path: str | Path,
     except tomllib.TOMLDecodeError as e:
         raise _syntax_error(str(path), text, str(e)) from None
     try:
-        _expand(data, os.environ if environ is None else environ)
+        from_environ = _expand(data, os.environ if environ is None else environ)
         values = _check_table(data, _TOP, required=("server",))
+        values["server"] = replace(values["server"], env_from_environ=from_environ)
         if "simulate" in values and values["server"].model is None:
             raise _Invalid("missing required key 'model' (the simulated engine needs one)",
                            ".server.model")
@@ -449,9 +461,10 @@ _EXPANDED = (("host", "python"), ("host", "workdir"), ("host", "runs_dir"),
              ("simulate", "gpu_state"), ("simulate", "nvml"))
 
 
-def _expand(data: dict[str, Any], environ: Mapping[str, str]) -> None:
+def _expand(data: dict[str, Any], environ: Mapping[str, str]) -> tuple[str, ...]:
     """Expand `${NAME}` in place in the _EXPANDED values (those under `host` in each of the
-    `[[hosts]]` tables too); the validator checks types later."""
+    `[[hosts]]` tables too); the validator checks types later. Returns the values the
+    environment gave to `server.env`, paths aside: the server's secrets (HF_TOKEN)."""
     hosts = data.get("hosts")
     if isinstance(hosts, list):
         for i, table in enumerate(hosts):
@@ -461,6 +474,7 @@ def _expand(data: dict[str, Any], environ: Mapping[str, str]) -> None:
                 except _Invalid as e:
                     raise _Invalid(e.message, e.sub.replace(".host", f".hosts[{i}]", 1)) \
                         from None
+    from_environ: list[str] = []
     for path in _EXPANDED:
         table: Any = data
         for key in path[:-1]:
@@ -478,12 +492,23 @@ def _expand(data: dict[str, Any], environ: Mapping[str, str]) -> None:
                         where = f".{'.'.join(path)}[{i}]"
                         value[i] = expand_vars(item, environ)
             elif isinstance(value, dict):
+                used = from_environ if path == ("server", "env") else None
                 for name, item in value.items():
                     if isinstance(item, str):
                         where = f".{'.'.join(path)}.{name}"
-                        value[name] = expand_vars(item, environ)
+                        value[name] = expand_vars(item, environ, used)
         except ValueError as e:
             raise _Invalid(str(e), where) from None
+    return tuple(dict.fromkeys(v for v in from_environ if v and not _plainly_public(v)))
+
+
+# A number or a switch (a port, a count, "true") is no secret, and hiding one (8000) would
+# blank out every URL; nor is a path, and hiding one (${HOME}) every traceback's file names.
+_PUBLIC_VALUE = re.compile(r"[-+]?\d+(?:\.\d+)?|true|false|yes|no|on|off", re.I)
+
+
+def _plainly_public(value: str) -> bool:
+    return value.startswith(("/", "~")) or _PUBLIC_VALUE.fullmatch(value) is not None
 
 
 def _check_table(data: Any, table: Mapping[str, Check], required: tuple[str, ...] = (),

@@ -50,6 +50,8 @@ class AgentTarget:
 
 def _start_failure(session: Session, target: AgentTarget, code: int, stderr: str,
                    events: list[AgentEvent]) -> Exception | None:
+    """The typed error of an agent that did not start or failed; `stderr` is the session's clean
+    text (Session.stderr_text), so its last line may be quoted to the user as it is."""
     for ev in events:
         if isinstance(ev, AgentFault):
             if ev.kind == "missing_module":
@@ -87,8 +89,7 @@ async def _call(session: Session, target: AgentTarget, subcommand: str,
                     raise
     if _missing(events):
         return events
-    err = _start_failure(session, target, result.returncode,
-                         result.stderr.decode("utf-8", "replace"), events)
+    err = _start_failure(session, target, result.returncode, result.stderr_text(), events)
     if err is not None:
         raise err
     _CACHED.add((session.host, target.python))

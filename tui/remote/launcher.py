@@ -17,8 +17,10 @@ from tui.core.command import (
     SIM_GPU_STATE_ENV,
     build_server_argv,
     host_python,
+    known_secrets,
     new_run_id,
     resolve_secrets,
+    secret_checks,
     served_by,
     sim_agent_env,
 )
@@ -51,7 +53,8 @@ def agent_target(profile: Profile) -> AgentTarget:
 
 @dataclass(frozen=True, slots=True)
 class LaunchPlan:
-    """Everything sent to the host for one launch; `secrets` never leave this process in logs."""
+    """Everything sent to the host for one launch; `secrets` (known_secrets) never leave this
+    process in logs, and the agent redacts them from launch.json."""
 
     run_id: str
     argv: list[str]
@@ -67,7 +70,7 @@ def plan_launch(profile: Profile, environ: Mapping[str, str],
         env[SIM_GPU_STATE_ENV] = sim[SIM_GPU_STATE_ENV]
     return LaunchPlan(new_run_id(profile.name, now if now is not None else time.time()),
                       build_server_argv(profile, host_python(profile)), env,
-                      tuple(v for v in secrets.values() if v))
+                      known_secrets(profile, environ))
 
 
 async def launch(session: Session, profile: Profile, plan: LaunchPlan) -> Launched:
@@ -124,7 +127,7 @@ async def preflight(session: Session, profile: Profile) -> tuple[Check, ...]:
     }
     for ev in await call_agent(session, agent_target(profile), "preflight", spec):
         if isinstance(ev, Preflight):
-            return ev.checks + speculative_checks(profile)
+            return ev.checks + speculative_checks(profile) + secret_checks(profile)
     raise AgentError(session.host, "the agent did not answer the preflight")
 
 

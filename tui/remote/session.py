@@ -7,6 +7,9 @@ name the host and the fix, so no traceback ever reaches a user.
 Commands are argv lists. Locally they are exec'd without a shell; over SSH the remote shell gets
 `tui.core.command.shell_join(argv)` (the one place a command becomes text), so a profile value
 such as `$(touch /tmp/pwned)` arrives as literal text.
+What a host writes back enters here and leaves clean (`remote_text`, `_one_line`): a shell
+start-up that prints colours, sets the window title or writes `[bold]` reaches no terminal or
+widget as anything but text.
 Host keys are always checked against a known_hosts file (never `known_hosts=None`).
 """
 
@@ -39,6 +42,7 @@ from tui.core.errors import (
     RemotePythonMissing,
     SessionError,
 )
+from tui.core.logline import strip_escapes
 
 SSH_CONFIG_ENV = "SPECCONSOLE_SSH_CONFIG"
 """An ssh_config file to use instead of ~/.ssh/config (tests, or a console-only config)."""
@@ -50,11 +54,21 @@ _SHELL_NOT_FOUND = 127
 _SHELL_NOT_EXECUTABLE = 126
 
 
+def remote_text(data: bytes) -> str:
+    """What a host wrote, safe to print or draw: each line without escape sequences or control
+    characters (a host's shell start-up may print colours or set the terminal's title)."""
+    return "\n".join(strip_escapes(line) for line in data.decode("utf-8", "replace").split("\n"))
+
+
 @dataclass(frozen=True)
 class CommandResult:
     returncode: int
     stdout: bytes
     stderr: bytes
+
+    def stderr_text(self) -> str:
+        """stderr as clean text (remote_text): what error messages quote."""
+        return remote_text(self.stderr)
 
 
 class Stream(ABC):
@@ -90,8 +104,9 @@ class Stream(ABC):
         """Stop the command now (its process group locally, its channel over SSH)."""
 
     async def stderr_text(self) -> str:
-        """Everything the command wrote to stderr (the last 64 KiB), once stderr has closed."""
-        return (await asyncio.shield(self._stderr)).decode("utf-8", "replace")
+        """Everything the command wrote to stderr (the last 64 KiB), once stderr has closed, as
+        clean text (remote_text)."""
+        return remote_text(await asyncio.shield(self._stderr))
 
 
 class Session(ABC):
@@ -125,7 +140,8 @@ async def _tail(read: Callable[[int], Awaitable[bytes]]) -> bytes:
 
 
 def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
+    """An error's words on one clean line (SSH servers and hosts word some of them)."""
+    return " ".join(remote_text(str(text).encode("utf-8", "replace")).split())
 
 
 def _display(path: Path | str) -> str:
@@ -733,7 +749,7 @@ async def check_python(session: Session, python: str | Sequence[str],
     prefix = [python] if isinstance(python, str) else list(python)
     shown = prefix[-1]
     result = await session.run([*prefix, "-c", _PROBE], timeout=timeout)
-    err = result.stderr.decode("utf-8", "replace").strip()
+    err = result.stderr_text().strip()
     last = _one_line(err.splitlines()[-1]) if err else ""
     missing_python = python_missing(session.host, shown, result.returncode, err)
     if missing_python is not None:
@@ -750,4 +766,4 @@ async def check_python(session: Session, python: str | Sequence[str],
         first = _one_line(missing[names[0]])
         raise RemoteModuleMissing(session.host, f"{shown} cannot import {', '.join(names)} "
                                                 f"({first}) — {MODULE_FIX}")
-    return {key: str(value) for key, value in report.items()}
+    return {key: _one_line(value) for key, value in report.items()}

@@ -21,7 +21,7 @@ from itertools import accumulate, repeat
 from operator import add
 from typing import Any
 
-from tui.core.command import redact, served_by, served_changes, shell_join
+from tui.core.command import known_secrets, redact, served_by, served_changes, shell_join
 from tui.core.describe import disk_words, duration, gpu_verdict
 from tui.core.errors import (
     ConnectionLost,
@@ -262,7 +262,7 @@ class Supervisor:
         self.lost_gpus: set[int] = set()  # devices already said lost (once each)
         self._stall_stacks = False  # stacks were taken for the current stall
         # secret values known here (launch or attach) are redacted from every line and cmdline
-        self.secrets = tuple(v for n in profile.server.secret_env if (v := self.environ.get(n)))
+        self.secrets = known_secrets(profile, self.environ)
         self.last_checks: tuple[Check, ...] = ()
         self.last_kill_steps: list[KillStep] = []
         self._queues: list[asyncio.Queue[SupervisorEvent]] = []

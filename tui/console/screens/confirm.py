@@ -22,8 +22,9 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm-box"):
-            yield Static(self.question, id="confirm-question")
-            yield Static(self.detail, id="confirm-detail")
+            # run ids, hosts and process names: the host's words, drawn as text
+            yield Static(self.question, id="confirm-question", markup=False)
+            yield Static(self.detail, id="confirm-detail", markup=False)
             yield Static("[b]y[/b]: yes    [b]n[/b] / Esc: no   (a reflexive Enter does nothing)",
                          id="confirm-keys")
 

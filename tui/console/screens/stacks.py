@@ -42,7 +42,7 @@ class StacksScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="stacks-box"):
-            yield Static(self.title_text, id="stacks-title")
+            yield Static(self.title_text, id="stacks-title", markup=False)  # a remote path
             with VerticalScroll(id="stacks-scroll"):
                 yield Static(stacks_text(self.stacks), id="stacks-body")
             yield Static("↑ ↓ PgUp PgDn scroll · Esc closes", id="stacks-foot")

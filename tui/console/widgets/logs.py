@@ -460,12 +460,13 @@ class LogPane(Vertical):
             try:
                 pattern = re.compile(text)
             except re.error as exc:
-                self.app.notify(f"not a regular expression: {exc}", severity="error")
+                self.app.notify(f"not a regular expression: {exc}", severity="error",
+                                markup=False)
                 return
             self.search_text = text
             self.match_count = self.view.search(pattern)
             if not self.match_count:
-                self.app.notify(f"no line matches /{text}/", severity="warning")
+                self.app.notify(f"no line matches /{text}/", severity="warning", markup=False)
         box.display = False
         self.view.focus()
         self.update_header()

@@ -78,7 +78,7 @@ class MemberPanes(Vertical):
             with TimelineScroll(id="pane-timeline", classes="pane"):
                 yield TimelinePane(id="timeline")
         yield Static(id="tabs")
-        yield Static("connecting…", id="status")
+        yield Static("connecting…", id="status", markup=False)  # its words quote the host
 
     def on_mount(self) -> None:
         for pane_id, title in PANE_TITLES.items():

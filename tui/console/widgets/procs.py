@@ -39,7 +39,7 @@ class ProcPane(DataTable[Text | str]):
                                                or row.held_s >= HELD_AFTER_S):
                     state = Text(f"{row.state} {row.held_s:.0f}s", style="bold yellow")
                 cells: list[Text | str] = [
-                    str(row.pid), name, state,
+                    str(row.pid), Text(name), state,  # a process names itself: text, not markup
                     "—" if row.cpu is None else f"{row.cpu:.0f}", size(row.rss),
                     size(row.gpu_mem) if row.gpu_mem else "—", age(row.started, now)]
             else:
