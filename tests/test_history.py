@@ -201,10 +201,12 @@ async def test_dead_launch_is_recorded_with_its_cause_and_its_hook(tmp_path: Pat
         assert loaded.previous.run_id == "syntax-error-older"
         assert loaded.usual["loading weights"] == 660.0
         await next_event(events, Died)
-        record = await async_wait_for(  # late lines sharpen the cause, and the record with it
+        record = await async_wait_for(  # late lines sharpen the cause, and the record with it;
+            # the log says the exit codes (the death's own, or its siblings')
             lambda: (r := history.get(sup.run.run_id)) is not None and r.cause is not None
-            and "SyntaxError" in r.cause and r,
-            10, "the SyntaxError as the recorded cause")
+            and "SyntaxError" in r.cause
+            and (sup.machine.death.code is not None or sup.machine.reported_codes) and r,
+            10, "the SyntaxError as the recorded cause and the exit codes in the log")
         death = sup.machine.death
         assert record.outcome == "dead" and record.exit_code == death.code
         assert record.cause == death.cause.line and "SyntaxError" in record.cause
