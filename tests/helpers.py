@@ -45,6 +45,19 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10, what: str = "") 
     raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
 
 
+async def async_wait_for(predicate: Callable[[], Any], timeout: float = 10,
+                         what: str = "") -> Any:
+    """wait_for inside an event loop: poll, letting the loop run between tries, until
+    `predicate()` is truthy; its value, or an AssertionError naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
 async def next_event(events: asyncio.Queue, kind: type, timeout: float = 30) -> Any:
     """The next event of `kind` from a supervisor's queue, skipping the others."""
     async def first() -> object:
@@ -168,14 +181,16 @@ runs_dir = "{tmp / 'runs'}"
     return path
 
 
-async def until(pilot: Pilot[Any], check: Callable[[], object], timeout: float = 30,
-                what: str = "") -> None:
-    """Let the app run until `check()` is truthy, or an AssertionError naming `what`."""
+async def until(pilot: Pilot[Any], check: Callable[[], Any], timeout: float = 30,
+                what: str = "") -> Any:
+    """Let the app run until `check()` is truthy: its value, or an AssertionError naming
+    `what`."""
     deadline = time.monotonic() + timeout
-    while not check():
+    while not (value := check()):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
         await pilot.pause(0.02)
+    return value
 
 
 async def until_event(events: asyncio.Queue[Any], check: Callable[[Any], bool], timeout: float,

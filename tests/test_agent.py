@@ -278,11 +278,10 @@ SLEEPER = "import time; print('up', flush=True); time.sleep(60)"
 
 def test_launch_detaches_redacts_and_survives_the_agent(tmp_path: Path, runs) -> None:
     secret = "hf_s3cr3t_VALUE_42"
-    t0 = time.monotonic()
     run_dir, launched = runs([PY, "-c", SLEEPER, f"--token={secret}"],
                              env={"HF_TOKEN": secret, "PLAIN": "x"}, redact=[secret])
-    # run_agent captured stdout+stderr to EOF: the monitor holds neither pipe open
-    assert time.monotonic() - t0 < 5
+    # run_agent captured stdout+stderr to EOF while the server lives: the monitor holds
+    # neither pipe open (its fds, below)
     assert run_dir.stat().st_mode & 0o777 == 0o700
     launch = json.loads((run_dir / "launch.json").read_text())
     assert launch["argv"][-1] == "--token=«redacted»"
@@ -681,14 +680,14 @@ def test_health_changes_and_stops_after_the_run(runs) -> None:
         handler.ready = True
         _, ready = agent.next("health", lambda m: m["path"] == "/health")
         assert (ready["ok"], ready["status"]) == (True, 200)
+        assert len(os.listdir(f"/proc/{agent.proc.pid}/task")) == 2  # main loop + health
         os.killpg(launched["pgid"], signal.SIGTERM)
         agent.next("run_exit")
         agent.next("procs", lambda m: not any(p["alive"] for p in m["procs"]))
-        time.sleep(0.15)  # a health round in flight may still finish
-        handler.ready = False
-        time.sleep(0.5)
-        agent.next("procs")
-        assert sum(m["t"] == "health" for m in agent.seen) == 3  # no polling after the run
+        wait_for(lambda: len(os.listdir(f"/proc/{agent.proc.pid}/task")) == 1,
+                 what="the health thread to end after the run")  # no polling after the run
+        agent.next("procs")  # read past whatever the ended thread wrote
+        assert sum(m["t"] == "health" for m in agent.seen) == 3
     finally:
         assert agent.close() == 0
         server.shutdown()
@@ -696,6 +695,7 @@ def test_health_changes_and_stops_after_the_run(runs) -> None:
 
 class _CountingHealth(BaseHTTPRequestHandler):
     asked: ClassVar[dict[str, int]] = {}
+    models_lost_at: ClassVar[list[int]] = []  # the /metrics count at each /v1/models 404
     models_ok = True
     metrics_ok = True
 
@@ -708,6 +708,8 @@ class _CountingHealth(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body)
             return
+        if self.path == "/v1/models" and not type(self).models_ok:
+            type(self).models_lost_at.append(type(self).asked.get("/metrics", 0))
         self.send_response(200 if self.path == "/health" or type(self).models_ok else 404)
         self.end_headers()
 
@@ -722,7 +724,7 @@ def test_once_healthy_one_request_a_tick_metrics_first(runs) -> None:
     /health every tick."""
     from tui.agent.health import CONFIRM_EVERY, HEALTH_EVERY
 
-    handler = type("Handler", (_CountingHealth,), {"asked": {}})
+    handler = type("Handler", (_CountingHealth,), {"asked": {}, "models_lost_at": []})
     server = _health_server(handler)
     run_dir, _ = runs(SLEEPER)
     tick = 0.05  # the agent's floor
@@ -739,11 +741,11 @@ def test_once_healthy_one_request_a_tick_metrics_first(runs) -> None:
         ticks = asked["/metrics"]
         assert ticks // HEALTH_EVERY - 2 <= asked["/health"] <= ticks // HEALTH_EVERY + 2, asked
         assert ticks // CONFIRM_EVERY - 1 <= asked["/v1/models"] <= ticks // CONFIRM_EVERY + 1
+        scrapes = handler.asked["/metrics"]
         handler.models_ok = False
-        started = time.monotonic()
         _, lost = agent.next("health", lambda m: m["path"] == "/v1/models")
         assert (lost["ok"], lost["status"]) == (False, 404)
-        assert time.monotonic() - started < CONFIRM_EVERY * tick + 1.5
+        assert handler.models_lost_at[0] - scrapes <= CONFIRM_EVERY  # within a confirm round
         handler.models_ok, handler.metrics_ok = True, False
         agent.next("health", lambda m: m["path"] == "/v1/models" and m["ok"])
         before = dict(handler.asked)
@@ -817,9 +819,7 @@ def test_kill_escalates_and_sweeps_the_run_id(tmp_path: Path, runs) -> None:
     write_gpu_state(state, {stubborn: (0, 2**30), daemon: (1, 2**30),
                             bystander.pid: (2, 2**30)})
     env = nvml_env(state)
-    t0 = time.monotonic()
     rc, msgs = run_agent("kill", {"run_dir": str(run_dir), "grace": 0.5}, env=env)
-    elapsed = time.monotonic() - t0
     assert rc == 0, msgs
     steps = {m["step"]: m["pids"] for m in msgs if m["t"] == "kill_step"}
     assert [m["step"] for m in msgs if m["t"] == "kill_step"] == ["TERM", "KILL", "SWEEP"]
@@ -829,7 +829,6 @@ def test_kill_escalates_and_sweeps_the_run_id(tmp_path: Path, runs) -> None:
     killed = msgs[-1]
     assert killed["t"] == "killed" and killed["remaining"] == []
     assert carriers(run_dir.name) == []
-    assert elapsed < 5
     info = json.loads((run_dir / "exit.json").read_text())  # the monitor lived to write it
     assert info["signal"] == signal.SIGTERM
     assert killed["gpu_released"] is True

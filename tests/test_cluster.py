@@ -8,16 +8,15 @@ import argparse
 import asyncio
 import shlex
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import carriers, free_port, sim_server, until, until_event
+from helpers import async_wait_for, carriers, free_port, sim_server, until, until_event
 from sshserver import SSHTestServer
-from test_app import fake_tmux, first_death, tmux_calls
+from test_app import fake_tmux, tmux_calls
 from test_bad_input import _opener
 
 from tui.cli.exit_codes import EXIT_TIMEOUT
@@ -344,13 +343,12 @@ async def test_a_death_on_the_worker_host_is_the_runs_death_with_its_cause(
     try:
         await _start(group, cleanup)
         died = await until_event(events, lambda e: isinstance(e, RunDied), 60, "the death")
-        latency = time.time() - first_death(tmp_path / "gpus" / ssh_server.alias)["time"]
         assert (died.member, died.host) == ("node-1", ssh_server.alias)
-        assert latency < 1.0, f"the run's death said {latency:.2f}s after the worker's"
-        await asyncio.sleep(0.8)
-        found = group.death()
-        assert found is not None and found[0].host == ssh_server.alias
-        assert found[1].cause is not None and "SyntaxError" in found[1].cause.line, found
+        # late lines sharpen the cause (how soon the death is said: tests/bench/death.py)
+        found = await async_wait_for(
+            lambda: (f := group.death()) is not None and f[1].cause is not None
+            and "SyntaxError" in f[1].cause.line and f, 10, "the worker's SyntaxError as cause")
+        assert found[0].host == ssh_server.alias
         await group.kill(grace=2)
     finally:
         await group.close()

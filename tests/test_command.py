@@ -44,7 +44,9 @@ def test_vllm_argv_of_the_kimi_profile():
     assert argv == [
         "/opt/venvs/vllm/bin/vllm", "serve", "/models/moonshotai/Kimi-K2.5",
         "--port", "8000", "--host", "0.0.0.0", "--tensor-parallel-size", "8",
-        "--speculative-config", spec, *kimi.server.args]
+        "--speculative-config", spec, "--trust-remote-code",
+        "--served-model-name", "kimi-k2.5", "--max-model-len", "131072",
+        "--gpu-memory-utilization", "0.92"]
     assert json.loads(spec) == {"method": "eagle3", "num_speculative_tokens": 5,
                                 "model": "/models/lightseekorg/kimi-k2.5-eagle3"}
 

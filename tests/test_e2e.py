@@ -11,12 +11,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import carriers, free_port, sim_profile
+from helpers import carriers, free_port, sim_profile, wait_for
 
 from tui.cli.main import COMMANDS
 
@@ -47,11 +46,6 @@ def _run_id(stdout: str) -> str:
         if " run " in line:
             return line.split(" run ", 1)[1].split()[0]
     raise AssertionError(f"no run id in {stdout!r}")
-
-
-def _first_death(gpu_dir: Path) -> dict[str, float]:
-    deaths = [json.loads(line) for line in (gpu_dir / "deaths.jsonl").read_text().splitlines()]
-    return min(deaths, key=lambda d: d["time"])
 
 
 def test_help_lists_every_subcommand_in_one_line_each() -> None:
@@ -181,15 +175,13 @@ def test_wait_on_a_running_profile_attaches_instead_of_launching(tmp_path: Path,
     assert len(list((tmp_path / "runs").iterdir())) == 1
 
 
-async def test_story_over_ssh_dead_within_2s_with_the_syntax_error(tmp_path: Path,
-                                                                   ssh_server, cleanup) -> None:
+async def test_story_over_ssh_dead_with_the_syntax_error(tmp_path: Path, ssh_server,
+                                                         cleanup) -> None:
+    # how soon the death is said: tests/bench/death.py
     profile = sim_profile(tmp_path, "syntax-error", target=ssh_server.alias, time_scale=75)
     result = await _acli("wait", str(profile), "--launch", "--timeout", "60s", env=ssh_server.env)
-    ended = time.time()
     assert result.returncode == 3, result.stdout + result.stderr
     cleanup.append(_run_id(result.stdout))
-    death = _first_death(tmp_path / "gpus")
-    assert ended - death["time"] < 2.0
     dead_line = next(line for line in result.stdout.splitlines() if "DEAD:" in line)
     assert "Worker_TP" in dead_line and "exit code 1" in dead_line
     cause = next(line for line in result.stdout.splitlines() if "root cause" in line)
@@ -241,7 +233,8 @@ enabled = false
     assert launched.returncode == 0, launched.stderr
     run_id = _run_id(launched.stdout)
     cleanup.append(run_id)
-    time.sleep(0.5)
+    log = next((tmp_path / "runs").iterdir()) / "server.log"
+    wait_for(lambda: log.exists() and b"token=" in log.read_bytes(), what="the server's line")
     logs = _cli("logs", str(profile), "--raw", env=env)
     assert "token=«redacted»" in logs.stdout and token not in logs.stdout
     elsewhere = _cli("logs", str(profile), "--raw")  # a shell without the secret: the agent

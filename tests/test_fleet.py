@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import alive, carriers, sim_profile, until
+from helpers import alive, async_wait_for, carriers, sim_profile, until
 from replay import ReplaySupervisor, dead_script, loading_script
 from test_app import fake_tmux, tmux_calls
 from textual.pilot import Pilot
@@ -26,6 +26,7 @@ from tui.console.app import ConsoleApp
 from tui.console.screens.confirm import ConfirmScreen
 from tui.console.widgets.banner import Banner
 from tui.console.widgets.fleet import FleetTable
+from tui.core.explain import explain
 from tui.core.fleetview import alert_words, gpu_words, phase_words, worst
 from tui.core.gpuview import GpuRow
 from tui.core.phases import Phase
@@ -278,6 +279,14 @@ def cli(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProce
                           env={**os.environ, "PYTHONPATH": str(ROOT), **env})
 
 
+def _phase_in_log(run: RunInfo) -> bool:
+    """The run's log is far enough into the launch for `status` to name a phase."""
+    log = Path(run.run_dir) / "server.log"
+    text = log.read_text(errors="replace").splitlines() if log.exists() else []
+    phase = explain(text, "vllm").last_phase
+    return phase is not None and phase >= Phase.CONFIG
+
+
 async def test_status_lists_every_run_per_host_and_an_unreachable_host(
         tmp_path: Path, cleanup: list[str]) -> None:
     with socket.socket() as probe:  # nobody listens here: that host cannot be reached
@@ -293,7 +302,8 @@ async def test_status_lists_every_run_per_host_and_an_unreachable_host(
         cleanup.append(runs[-1][1].run_id)
     fleet_profile(tmp_path, "far", "ready", 300, target=f"someone@127.0.0.1:{closed}")
     (tmp_path / "ssh_config").write_text("")
-    await asyncio.sleep(2.0)  # far enough into the launch for a phase in the log
+    await async_wait_for(lambda: all(_phase_in_log(run) for _, run in runs), 30,
+                         "a phase in each run's log")
     result = await asyncio.to_thread(cli, "status", cwd=tmp_path, env={
         "HOME": str(tmp_path), "SPECCONSOLE_SSH_CONFIG": str(tmp_path / "ssh_config")})
     assert "Traceback" not in result.stderr, result.stderr

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import until
 from rich.segment import Segment
 from textual.cache import LRUCache
 from textual.strip import Strip
@@ -139,8 +140,7 @@ async def test_the_console_polls_the_collector_and_keys_make_it_busy() -> None:
     heap.poll = poll  # type: ignore[method-assign]
     app = ConsoleApp(Supervisor(load_profile(PROFILES / "demo.toml")), launch=False, heap=heap)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause(0.6)
-        assert polls  # every quarter second
+        await until(pilot, lambda: polls, 10, "a poll (every quarter second)")
         clock.now = 42.0
         await pilot.press("f")
         assert heap.last_busy == 42.0

@@ -3,7 +3,6 @@ tables for the pure parts, real simulated launches for the rest."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shlex
@@ -14,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import carriers, next_event, sim_profile
+from helpers import RUN_ID_ENV, async_wait_for, carriers, next_event, sim_profile
 
 from tui.core.phases import Phase
 from tui.core.profile import load_profile
@@ -114,10 +113,10 @@ async def test_a_hook_gets_the_event_in_its_environment(tmp_path: Path) -> None:
 
 async def test_a_failing_or_hanging_hook_is_said_not_waited_for() -> None:
     assert await run_hook("echo nope >&2; exit 3", dict(os.environ), 5) == "exited 3: nope"
-    start = time.monotonic()
-    assert await run_hook("sleep 30", dict(os.environ), 0.3) == \
+    mark = f"hook-{os.getpid()}-{time.monotonic_ns()}"  # carried by the hook and its child
+    assert await run_hook("sleep 30 & wait", {**os.environ, RUN_ID_ENV: mark}, 0.3) == \
         "timed out after 0.3s and was killed"
-    assert time.monotonic() - start < 3
+    await async_wait_for(lambda: not carriers(mark), 5, "the hook's processes to be gone")
 
 
 # -- smoke replies -------------------------------------------------------------------------------
@@ -202,9 +201,13 @@ async def test_dead_launch_is_recorded_with_its_cause_and_its_hook(tmp_path: Pat
         assert loaded.previous.run_id == "syntax-error-older"
         assert loaded.usual["loading weights"] == 660.0
         await next_event(events, Died)
-        await asyncio.sleep(1.0)
+        record = await async_wait_for(  # late lines sharpen the cause, and the record with it;
+            # the log says the exit codes (the death's own, or its siblings')
+            lambda: (r := history.get(sup.run.run_id)) is not None and r.cause is not None
+            and "SyntaxError" in r.cause
+            and (sup.machine.death.code is not None or sup.machine.reported_codes) and r,
+            10, "the SyntaxError as the recorded cause and the exit codes in the log")
         death = sup.machine.death
-        record = history.get(sup.run.run_id)
         assert record.outcome == "dead" and record.exit_code == death.code
         assert record.cause == death.cause.line and "SyntaxError" in record.cause
         # every worker dies of the broken import within a millisecond or two; the one the

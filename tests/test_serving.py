@@ -6,9 +6,9 @@ the server is healthy."""
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -153,11 +153,28 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+class _Ticks(threading.Event):
+    """The health thread's stop event: each wait is recorded (its timeout and what the server
+    had been asked by then) and returns at once, so the schedule is read from the waits, not
+    from a clock; set after `ticks` waits."""
+
+    def __init__(self, server: _Server, ticks: int) -> None:
+        super().__init__()
+        self.server, self.ticks = server, ticks
+        self.waits: list[tuple[float | None, Counter[str]]] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append((timeout, self.server.asked.copy()))
+        if len(self.waits) >= self.ticks:
+            self.set()
+        return self.is_set()
+
+
 def test_the_agent_asks_every_second_until_healthy_then_once_a_serving_interval(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Scaled: 0.05 s before READY, 0.25 s after. Once healthy, one request a tick (the
-    metrics), /health every HEALTH_EVERY ticks; the metrics lines sent are the asked prefix,
-    histogram buckets left out."""
+    metrics), /health every HEALTH_EVERY ticks, the other paths every CONFIRM_EVERY; the
+    metrics lines sent are the asked prefix, histogram buckets left out."""
     sent: list[dict[str, Any]] = []
     monkeypatch.setattr(agent_health, "emit", lambda t, **f: sent.append({"t": t, **f}))
     server = _Server(("127.0.0.1", 0), _Handler)
@@ -166,23 +183,21 @@ def test_the_agent_asks_every_second_until_healthy_then_once_a_serving_interval(
                      daemon=True).start()
     thread = agent_health.Health(server.server_address[1], ["/health", "/v1/models"], 0.05,
                                  0.25, ("/metrics", ("vllm:",)))
+    serving = agent_health.CONFIRM_EVERY
+    thread.stop = ticks = _Ticks(server, 1 + serving)
     try:
         thread.start()
-        deadline = time.monotonic() + 5
-        while not thread.healthy and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert thread.healthy
-        before = server.asked.copy()
-        time.sleep(3.0)
-        asked = server.asked - before
+        thread.join(30)
+        assert not thread.is_alive()
     finally:
-        thread.stop.set()
-        thread.join(2)
         server.shutdown()
-    ticks = 3.0 / 0.25
-    assert asked["/metrics"] <= ticks + 1 and asked["/metrics"] >= ticks - 3, asked
-    assert asked["/health"] <= ticks / agent_health.HEALTH_EVERY + 1, asked
-    assert sum(asked.values()) <= ticks * 1.3, asked  # at 1 s before READY it was 2 a tick
+    asked = [now - before for before, now in pairwise([Counter(), *(c for _, c in ticks.waits)])]
+    assert [timeout for timeout, _ in ticks.waits] == [0.05] + [0.25] * serving
+    assert asked[0] == {"/health": 1, "/v1/models": 1}  # not yet known healthy: every path
+    assert asked[1:] == [Counter({"/metrics": 1,
+                                  "/health": int(tick % agent_health.HEALTH_EVERY == 0),
+                                  "/v1/models": int(tick == serving)}) - Counter()
+                         for tick in range(1, serving + 1)]
     metrics = [e for e in sent if e["t"] == "metrics"]
     assert metrics and metrics[-1]["text"] == "vllm:num_requests_running 1"
     assert [e["ok"] for e in sent if e["t"] == "health"] == [True, True]

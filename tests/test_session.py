@@ -154,11 +154,9 @@ async def test_terminate_ends_the_command_not_a_detached_child(session: Session)
         while os.getsid(detached) != detached:  # until setsid(1) has run
             await asyncio.sleep(0.01)
         assert alive(command)
-        started = time.monotonic()
         stream.terminate()
         assert await asyncio.wait_for(stream.wait(), 5) == -signal.SIGTERM
         assert await gone(command)
-        assert time.monotonic() - started < 3
         assert alive(detached)
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -167,12 +165,10 @@ async def test_terminate_ends_the_command_not_a_detached_child(session: Session)
 
 async def test_run_timeout_kills(session: Session, tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
-    started = time.monotonic()
     with pytest.raises(SessionError, match=r"did not finish within 0\.3 s") as caught:
         await session.run(["sh", "-c", f"echo $$ > {pid_file}; exec sleep 30"], timeout=0.3)
     assert type(caught.value) is SessionError
     assert await gone(int(pid_file.read_text()))
-    assert time.monotonic() - started < 3
 
 
 async def test_unstartable_stream(session: Session) -> None:
@@ -393,7 +389,6 @@ async def test_silent_port_times_out(ssh_server: SSHTestServer, tmp_path: Path) 
     port = silent.sockets[0].getsockname()[1]
     config = tmp_path / "empty_config"
     config.write_text("")
-    started = time.monotonic()
     try:
         message = await refused(ssh_server, HostUnreachable, f"127.0.0.1:{port}", config,
                                 connect_timeout=0.3)
@@ -403,7 +398,6 @@ async def test_silent_port_times_out(ssh_server: SSHTestServer, tmp_path: Path) 
         silent.close()
     assert message.endswith(f"no SSH answer from 127.0.0.1 port {port} within 0.3 s "
                             "(host.connect_timeout)")
-    assert time.monotonic() - started < 2
 
 
 @pytest.mark.parametrize("how", ["profile jump", "ProxyJump"])

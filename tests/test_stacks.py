@@ -12,8 +12,9 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
-from helpers import carriers, sim_profile, until, until_event
+from helpers import carriers, sim_profile, until, until_event, wait_for
 from test_bad_input import _opener
 
 from tui.agent.stacks import _why
@@ -82,6 +83,7 @@ def test_why_py_spy_failed_says_the_fix() -> None:
 STUCK = """
 import time
 def wait_for_peer():
+    print("waiting", flush=True)
     while True:
         time.sleep(0.05)
 def run_engine_core():
@@ -95,11 +97,13 @@ def test_a_real_py_spy_dump_reads_as_frames_with_the_engines_marked(tmp_path: Pa
     engine.mkdir(parents=True)
     script = engine / "core.py"
     script.write_text(textwrap.dedent(STUCK))
-    proc = subprocess.Popen([sys.executable, str(script)])
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.5)
+        assert proc.stdout is not None and proc.stdout.readline() == "waiting\n"
+        status = psutil.Process(proc.pid).status
+        wait_for(lambda: status() == psutil.STATUS_SLEEPING, what="the script in time.sleep")
         os.kill(proc.pid, signal.SIGSTOP)  # a stopped process is read without pausing it
-        time.sleep(0.1)
+        wait_for(lambda: status() == psutil.STATUS_STOPPED, what="the script stopped")
         done = subprocess.run([str(PYSPY), "dump", "--full-filenames", "--pid", str(proc.pid),
                                "--nonblocking"],
                               capture_output=True, text=True, timeout=30)
@@ -115,7 +119,7 @@ def test_a_real_py_spy_dump_reads_as_frames_with_the_engines_marked(tmp_path: Pa
     frame = stacks.stuck_in()
     assert frame is not None and frame.engine and frame.function == "wait_for_peer"
     assert stacks.summary() == (f"EngineCore_DP0 (pid {proc.pid}, stopped): in wait_for_peer "
-                                "(vllm/v1/engine/core.py:5)")
+                                "(vllm/v1/engine/core.py:6)")
 
 
 # -- the whole way: a frozen worker of the simulated engine, locally and over SSH -------------

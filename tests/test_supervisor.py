@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from helpers import carriers, count_lines, next_event, sim_profile
+from helpers import async_wait_for, carriers, count_lines, next_event, sim_profile
 
 from tui.core.logline import LogLine
 from tui.core.profile import load_profile
@@ -107,7 +107,10 @@ async def test_link_lost_mid_load_resumes_with_every_line_exactly_once(
         await ssh_server.stop()                      # sshd gone: every channel drops
         lost = await asyncio.wait_for(collect(LinkLost), 10)
         assert lost.host == ssh_server.alias
-        await asyncio.sleep(1.0)                     # the server keeps logging meanwhile
+        log = Path(sup.run.run_dir) / "server.log"  # the server keeps logging meanwhile
+        down = log.read_bytes().count(b"\n")
+        await async_wait_for(lambda: log.read_bytes().count(b"\n") >= down + 5, 30,
+                             "5 lines logged while the link is down")
         await ssh_server.start()
         await asyncio.wait_for(collect(LinkRestored), 30)
         await asyncio.wait_for(collect(None, len(lines) + 30), 30)
