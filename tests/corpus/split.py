@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -21,12 +22,27 @@ def part_of(log_id: str) -> str:
     return "heldout" if int.from_bytes(digest[:8], "big") / 2**64 < HELDOUT_SHARE else "tune"
 
 
-def sealed_ids(path: Path = HERE / "sealed.txt") -> set[str]:
-    """The ids sealed.txt lists, one a line; '#' starts a comment (each batch's dated header)."""
+def sealed_batches(path: Path = HERE / "sealed.txt") -> dict[int, list[str]]:
+    """The ids sealed.txt lists, one a line, by batch: a comment line `# Sealed batch N ...` starts
+    batch N; other text after '#' is a comment. Ids before any header count as batch 0."""
+    batches: dict[int, list[str]] = {}
     if not path.exists():
-        return set()
-    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
-    return {line for line in lines if line}
+        return batches
+    batch = 0
+    for line in path.read_text().splitlines():
+        body, _, comment = line.partition("#")
+        header = re.match(r"\s*sealed batch (\d+)", comment, re.IGNORECASE)
+        if header and not body.strip():
+            batch = int(header.group(1))
+            batches.setdefault(batch, [])
+        elif body.strip():
+            batches.setdefault(batch, []).append(body.strip())
+    return batches
+
+
+def sealed_ids(path: Path = HERE / "sealed.txt") -> set[str]:
+    """The ids sealed.txt lists, whatever their batch."""
+    return {i for ids in sealed_batches(path).values() for i in ids}
 
 
 def main() -> int:
