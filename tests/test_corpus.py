@@ -37,8 +37,13 @@ def test_the_corpus_is_well_formed_and_split() -> None:
     import check  # tests/corpus/check.py
 
     assert [p for s in sorted((CORPUS / "logs").glob("*.json")) for p in check.problems(s)] == []
+    import split as splitter  # tests/corpus/split.py
+
     split = json.loads((CORPUS / "split.json").read_text())
     assert sorted(split) == sorted(p.stem for p in LOGS)
+    assert set(split.values()) <= set(splitter.PARTS)
+    # a sealed batch is sealed whole: never tuned on, never counted as held out
+    assert {i for i, part in split.items() if part == "sealed"} == splitter.sealed_ids()
     engines = [_meta(p)["engine"] for p in LOGS]
     assert len(LOGS) >= 100 and engines.count("vllm") >= 70 and engines.count("sglang") >= 30
 

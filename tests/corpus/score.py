@@ -1,10 +1,14 @@
 """Score `specconsole explain` on the real-log corpus: root cause, outcome, symptoms taken as
-cause, per failure class, for the tuning part and the held-out part (split.json).
+cause, per failure class, for the tuning part, the held-out part and the sealed batches
+(split.json; sealed.txt lists the sealed ids).
 
-    python tests/corpus/score.py [--part tune|heldout|all] [--show] [--json]
+    python tests/corpus/score.py [--part tune|heldout|sealed|all] [--batch N] [--show] [--json]
 
 Exit 0 whatever the scores (a score is a measurement, not a gate); exit 1 only when a log makes
-explain raise. `--show` lists every miss with what was expected and what explain said.
+explain raise (2 when `--batch N` names no batch). `--show` lists every miss with what was
+expected and what explain said.
+`--batch N` scores only sealed batch N (sealed.txt's `# Sealed batch N` header), so each sealed
+batch keeps its own first score.
 """
 
 from __future__ import annotations
@@ -21,6 +25,11 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
+sys.path.insert(0, str(HERE))
+PARTS = ("tune", "heldout", "sealed")  # split.py's parts, in the order they are reported
+PART_NAMES = {"tune": "tuning part", "heldout": "held-out part", "sealed": "sealed part"}
+
+from split import sealed_batches  # noqa: E402  (tests/corpus/split.py)
 
 from tui.core.explain import Explanation, explain_file  # noqa: E402
 
@@ -133,19 +142,28 @@ def report(name: str, verdicts: list[Verdict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--part", choices=("tune", "heldout", "all"), default="all")
+    ap.add_argument("--part", choices=(*PARTS, "all"), default="all")
+    ap.add_argument("--batch", type=int, help="only sealed batch N (implies --part sealed)")
     ap.add_argument("--show", action="store_true", help="list every miss")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     split = json.loads((HERE / "split.json").read_text())
-    parts = ("tune", "heldout") if args.part == "all" else (args.part,)
+    parts = PARTS if args.part == "all" else (args.part,)
+    if args.batch is not None:
+        batch = set(sealed_batches().get(args.batch, []))
+        if not batch:
+            print(f"sealed.txt has no batch {args.batch}", file=sys.stderr)
+            return 2
+        split = {i: q for i, q in split.items() if i in batch}
+        parts = ("sealed",)
     results = {p: [judge(HERE / "logs" / f"{i}.log", p) for i, q in sorted(split.items())
                    if q == p] for p in parts}
     if args.json:
         print(json.dumps({p: summary(v) for p, v in results.items()}, indent=1))
     else:
         for p, verdicts in results.items():
-            report({"tune": "tuning part", "heldout": "held-out part"}[p], verdicts)
+            name = PART_NAMES[p] if args.batch is None else f"sealed batch {args.batch}"
+            report(name, verdicts)
             if args.show:
                 for v in verdicts:
                     if v.raised or not v.outcome_ok or v.cause_ok is False or v.symptom_as_cause:
