@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from tui.core.failures import CLASSES, HANG_MARKERS
 from tui.core.logline import LogLine, parse_line, parse_lines
 from tui.core.noise import NoiseFilter, NoiseRule
-from tui.core.phases import phase_needles
+from tui.core.phases import answers_a_client, phase_needles
 from tui.core.scanner import CORE_NEEDLES, Scanner, branch_literals, required_literal
 
 # docker compose's `svc-1  | ` as the first thing on a line: its lines are read one by one
@@ -88,6 +88,7 @@ class ChunkReader:
 
     def __init__(self, engine: str, noise: NoiseFilter, backend: str | None = None) -> None:
         self.noise = noise
+        self.engine = engine
         self.pids: set[str] = set()  # process prefixes seen (their pid), over the whole log
         needles = set(CORE_NEEDLES) | (set(phase_needles(engine)) - {_ACCESS})
         # what a raw stderr line or a WARNING may state, and the hang markers: their words
@@ -126,8 +127,9 @@ class ChunkReader:
             if scan.first_traceback is not None:  # every line after it may continue it
                 first = scan.first_traceback
                 indices = [i for i in indices if i < first] + list(range(first, len(raws)))
+            text = "\n".join(raws)
             extra = set() if page else {
-                i for i in (_last_answered(raws), *self._first_of_new_pids(raws))
+                i for i in (_last_answered(text, self.engine), *self._first_of_new_pids(text))
                 if i is not None}
             if extra - set(indices):
                 indices = sorted({*indices, *extra})
@@ -168,30 +170,26 @@ class ChunkReader:
         return order, [found[i][0] for i in order], [found[i][1] for i in order]
 
 
-    def _first_of_new_pids(self, raws: Sequence[str]) -> list[int]:
-        """The first line of each process prefix this log shows for the first time."""
-        text = "\n".join(raws) if "pid=" in raws[0] or "pid=" in raws[-1] else ""
-        new = set(_PID_RE.findall(text)) - self.pids if text else set()
+    def _first_of_new_pids(self, text: str) -> list[int]:
+        """The first line of each process prefix this log shows for the first time (`text`:
+        the chunk's lines joined)."""
+        new = set(_PID_RE.findall(text)) - self.pids
         if not new:
             return []
         self.pids |= new
-        needles = {f" pid={pid}": pid for pid in new}
-        out = []
-        for i, raw in enumerate(raws):
-            hit = next((n for n in needles if n in raw), None)
-            if hit is not None:
-                out.append(i)
-                del needles[hit]
-                if not needles:
-                    break
-        return out
+        firsts = (re.search(rf" pid={pid}\b", text) for pid in new)
+        return sorted(text.count("\n", 0, m.start()) for m in firsts if m is not None)
 
 
-def _last_answered(raws: Sequence[str]) -> int | None:
-    """The chunk's last uvicorn line for a POST (the server serves, if it answered 2xx),
-    looked for among the chunk's last lines only: a serving log is made of them."""
-    for i in range(len(raws) - 1, max(-1, len(raws) - 65), -1):
-        raw = raws[i]
-        if _ACCESS in raw and '"POST ' in raw:
-            return i
+def _last_answered(text: str, engine: str) -> int | None:
+    """The index of the chunk's last uvicorn line (`text`: the chunk's lines joined) for a
+    client's POST the server answered (it serves): one is enough, and a 5xx after it (what a
+    server with a dead engine answers) must not hide it. Found with str.rfind, not per line."""
+    at = text.rfind('"POST ')
+    while at >= 0:
+        start = text.rfind("\n", 0, at) + 1
+        end = text.find("\n", at)
+        if answers_a_client(text[start:end if end >= 0 else len(text)], engine):
+            return text.count("\n", 0, start)
+        at = text.rfind('"POST ', 0, start)
     return None

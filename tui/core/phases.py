@@ -177,9 +177,14 @@ _SGLANG_WARMUP = re.compile(r'"POST /(?:generate|encode|v1/chat/completions)[ ?]
 
 
 def _answered_sglang(msg: str) -> PhaseHit | None:
-    if _ANSWERED.search(msg) is None or _SGLANG_WARMUP.search(msg) is not None:
-        return None
-    return _SERVING_HIT
+    return _SERVING_HIT if answers_a_client(msg, "sglang") else None
+
+
+def answers_a_client(text: str, engine: str) -> bool:
+    """Does this uvicorn line show a client's POST answered (2xx, or a 4xx refusal by a server
+    that goes on)? SGLang's own warm-up request does not count."""
+    return _ANSWERED.search(text) is not None and not (
+        engine == "sglang" and _SGLANG_WARMUP.search(text) is not None)
 
 
 # (first characters of the message, needle it must contain, handler); first hit wins.
