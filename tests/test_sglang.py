@@ -26,11 +26,12 @@ from tui.core.explain import explain
 from tui.core.logline import parse_line
 from tui.core.noise import NoiseFilter, builtin_rules
 from tui.core.phases import Phase, PhaseHit, detect_phase
+from tui.core.procnames import is_server_role
 from tui.core.profile import load_profile, loads_profile
 from tui.core.protocol import Health, ProcExit, ProcInfo, Procs, RunExit
 from tui.core.rootcause import RootCauseTracker
 from tui.core.specdecode import SpecDecodeInterval, parse_interval
-from tui.core.state import Died, LaunchMachine, PhaseChanged, Ready, State, is_server_role
+from tui.core.state import Died, LaunchMachine, PhaseChanged, Ready, State
 from tui.remote import launcher
 from tui.remote.session import LocalSession
 from tui.sim.demo import demo_profile
