@@ -65,7 +65,7 @@ def test_startup_phases_in_order_and_the_log_alone_is_not_ready() -> None:
     phases = [e.phase for e in _feed(m, STARTUP) if isinstance(e, PhaseChanged)]
     assert phases == [Phase.LAUNCH, Phase.CONFIG, Phase.WEIGHTS, Phase.DRAFTER, Phase.KV_CACHE,
                       Phase.API_SERVER, Phase.READY_LOG, Phase.SERVING]
-    assert m.log_ready_seen and m.state is State.LOADING  # READY needs /health
+    assert m.ready_log_at is not None and m.state is State.LOADING  # READY needs /health
     assert m.death is None and m.tracker.cause() is None
 
 

@@ -265,7 +265,7 @@ def test_a_startup_walks_the_phases_in_order_then_serves_with_a_spec_readout() -
     assert [e.phase for e in events if isinstance(e, PhaseChanged)] == [
         Phase.CONFIG, Phase.WEIGHTS, Phase.KV_CACHE, Phase.CUDA_GRAPHS, Phase.API_SERVER,
         Phase.READY_LOG]
-    assert m.log_ready_seen and m.state is State.LOADING
+    assert m.ready_log_at is not None and m.state is State.LOADING
     m.feed_health(Health(True, "/health", 200, 1011.0), 1011.0)
     ready = m.feed_health(Health(True, "/v1/models", 200, 1011.0), 1011.0)
     assert any(isinstance(e, Ready) for e in ready) and m.state is State.READY

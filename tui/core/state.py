@@ -77,8 +77,6 @@ _REPORTED_COMMAND = re.compile(r"Command '(\[.*?\])' returned non-zero exit stat
 _PENDING_MAX = 16
 # A line stamped this much before it was read is history (a replay on attach), not live.
 LATE_LINE_S = 2.0
-# Heartbeats of a hang: lines that must not count as progress.
-_HANG_HEARTBEAT = "No available shared memory broadcast block found"
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +224,6 @@ class LaunchMachine:
     procs: dict[int, ProcInfo] = field(default_factory=dict)
     top_pid: int | None = None
     last_line_at: float | None = None
-    log_ready_seen: bool = False
     # vLLM's own names and reported exit codes, from the log: a process that died young or
     # was reaped by its parent is known to the agent only by a provisional name and no code
     log_names: dict[int, str] = field(default_factory=dict)
@@ -415,7 +412,6 @@ class LaunchMachine:
         if hit.version is not None and self.engine_version is None:
             self.engine_version = hit.version
         if hit.phase is Phase.READY_LOG:
-            self.log_ready_seen = True
             self.ready_log_at = at
         if self.timeline is None or not self.state.live or self.state is State.READY:
             return events

@@ -30,7 +30,6 @@ from tui.supervise.history import History
 from tui.supervise.runs import Member, Run, SingleRun
 from tui.supervise.supervisor import Fatal, Notice, RunInfo, SessionOpener, Supervisor
 
-JOIN_POLL_S = 0.05
 # how long after a death without a cause another member's death may lend it its cause
 CAUSE_ELSEWHERE_S = 10.0
 
