@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from tui.core.acceptance import parse_interval
 from tui.core.explain import explain
 from tui.core.logline import parse_line
 from tui.core.noise import NoiseFilter, builtin_rules
 from tui.core.phases import Phase, detect_phase
 from tui.core.protocol import ProcExit, ProcInfo, Procs
-from tui.core.specdecode import parse_interval
 from tui.core.state import CauseUpdated, Died, LaunchMachine, PhaseChanged, State
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -20,6 +20,7 @@ from helpers import alive, free_port, next_event, wait_for
 from test_sim import Sim as VLLMSim
 from test_sim import check_sequences, in_order
 
+from tui.core.acceptance import SpecDecodeInterval, parse_interval
 from tui.core.command import build_server_argv
 from tui.core.errors import ProfileError
 from tui.core.explain import explain
@@ -30,7 +31,6 @@ from tui.core.procnames import is_server_role
 from tui.core.profile import load_profile, loads_profile
 from tui.core.protocol import Health, ProcExit, ProcInfo, Procs, RunExit
 from tui.core.rootcause import RootCauseTracker
-from tui.core.specdecode import SpecDecodeInterval, parse_interval
 from tui.core.state import Died, LaunchMachine, PhaseChanged, Ready, State
 from tui.remote import launcher
 from tui.remote.session import LocalSession

@@ -29,6 +29,7 @@ from tui.console.messages import (
     ServingChanged,
     SpecDecodeChanged,
 )
+from tui.core.acceptance import SpecDecodeInterval, SpecDecodeTotals
 from tui.core.describe import (
     death_lines,
     duration,
@@ -41,7 +42,6 @@ from tui.core.gpuview import GpuHistory
 from tui.core.logwindow import Entry, entries
 from tui.core.proctree import ProcTree
 from tui.core.protocol import LogSkipped as Skipped
-from tui.core.specdecode import SpecDecodeInterval, SpecDecodeTotals
 from tui.core.state import (
     CauseUpdated,
     Died,

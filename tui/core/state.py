@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+from tui.core.acceptance import SpecDecodeInterval, parse_interval
 from tui.core.diagnosis import Diagnosis, Explanation
 from tui.core.logchunk import ChunkReader, LineChunk
 from tui.core.logtime import LogClock
@@ -31,7 +32,6 @@ from tui.core.procnames import (
 from tui.core.protocol import Gpus, Health, ProcExit, ProcInfo, Procs, RunExit
 from tui.core.rootcause import RootCause
 from tui.core.serving import ServingReadout, ServingSample
-from tui.core.specdecode import SpecDecodeInterval, parse_interval
 from tui.core.stall import ProcWatch, Suspect
 from tui.core.timeline import Timeline
 

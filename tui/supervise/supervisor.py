@@ -21,6 +21,7 @@ from itertools import accumulate, repeat
 from operator import add
 from typing import Any
 
+from tui.core.acceptance import SpecDecodeTotals, parse_totals
 from tui.core.command import known_secrets, redact, served_by, served_changes, shell_join
 from tui.core.describe import disk_words, duration, gpu_verdict
 from tui.core.errors import (
@@ -57,7 +58,6 @@ from tui.core.protocol import (
     Secrets,
     Served,
 )
-from tui.core.specdecode import SpecDecodeTotals, parse_totals
 from tui.core.stacks import ProcessStacks, process_stacks
 from tui.core.state import (
     CauseUpdated,
