@@ -32,7 +32,6 @@ from tui.console.messages import (
 from tui.core.acceptance import SpecDecodeInterval, SpecDecodeTotals
 from tui.core.describe import (
     death_lines,
-    duration,
     gpu_verdict,
     skipped_words,
     timed_out_outcome,
@@ -55,6 +54,7 @@ from tui.core.state import (
     StateChanged,
 )
 from tui.core.status import RunView, view_of
+from tui.core.units import duration
 from tui.supervise.history import Launch
 from tui.supervise.supervisor import (
     AgentHello,

@@ -19,11 +19,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tui.core import cluster
-from tui.core.describe import duration
 from tui.core.errors import PreflightFailed, RunNotFound, SpecconsoleError
 from tui.core.profile import Profile
 from tui.core.protocol import Killed, RunRecord
 from tui.core.state import Death, Died, LinesAdded
+from tui.core.units import duration
 from tui.remote import launcher
 from tui.remote.session import open_session
 from tui.supervise.history import History
