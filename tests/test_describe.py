@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tui.core.describe import death_lines, describe, disk_words, duration
+from tui.core.describe import death_lines, describe, disk_words
 from tui.core.phases import Phase
 from tui.core.protocol import DiskSpace
 from tui.core.rootcause import RootCause
 from tui.core.state import Death, ReadyLimit, ReadyTimedOut, State
 from tui.core.status import RunView, timed_out_text
+from tui.core.units import duration
 
 
 @pytest.mark.parametrize(("seconds", "text"), [

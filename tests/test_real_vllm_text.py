@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from tui.core.acceptance import parse_interval
 from tui.core.explain import explain
 from tui.core.logline import parse_line
 from tui.core.noise import NoiseFilter, builtin_rules
 from tui.core.phases import Phase, detect_phase
 from tui.core.protocol import ProcExit, ProcInfo, Procs
-from tui.core.specdecode import parse_interval
 from tui.core.state import CauseUpdated, Died, LaunchMachine, PhaseChanged, State
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -65,7 +65,7 @@ def test_startup_phases_in_order_and_the_log_alone_is_not_ready() -> None:
     phases = [e.phase for e in _feed(m, STARTUP) if isinstance(e, PhaseChanged)]
     assert phases == [Phase.LAUNCH, Phase.CONFIG, Phase.WEIGHTS, Phase.DRAFTER, Phase.KV_CACHE,
                       Phase.API_SERVER, Phase.READY_LOG, Phase.SERVING]
-    assert m.log_ready_seen and m.state is State.LOADING  # READY needs /health
+    assert m.ready_log_at is not None and m.state is State.LOADING  # READY needs /health
     assert m.death is None and m.tracker.cause() is None
 
 

@@ -20,17 +20,18 @@ from helpers import alive, free_port, next_event, wait_for
 from test_sim import Sim as VLLMSim
 from test_sim import check_sequences, in_order
 
+from tui.core.acceptance import SpecDecodeInterval, parse_interval
 from tui.core.command import build_server_argv
 from tui.core.errors import ProfileError
 from tui.core.explain import explain
 from tui.core.logline import parse_line
 from tui.core.noise import NoiseFilter, builtin_rules
 from tui.core.phases import Phase, PhaseHit, detect_phase
+from tui.core.procnames import is_server_role
 from tui.core.profile import load_profile, loads_profile
 from tui.core.protocol import Health, ProcExit, ProcInfo, Procs, RunExit
 from tui.core.rootcause import RootCauseTracker
-from tui.core.specdecode import SpecDecodeInterval, parse_interval
-from tui.core.state import Died, LaunchMachine, PhaseChanged, Ready, State, is_server_role
+from tui.core.state import Died, LaunchMachine, PhaseChanged, Ready, State
 from tui.remote import launcher
 from tui.remote.session import LocalSession
 from tui.sim.demo import demo_profile
@@ -264,7 +265,7 @@ def test_a_startup_walks_the_phases_in_order_then_serves_with_a_spec_readout() -
     assert [e.phase for e in events if isinstance(e, PhaseChanged)] == [
         Phase.CONFIG, Phase.WEIGHTS, Phase.KV_CACHE, Phase.CUDA_GRAPHS, Phase.API_SERVER,
         Phase.READY_LOG]
-    assert m.log_ready_seen and m.state is State.LOADING
+    assert m.ready_log_at is not None and m.state is State.LOADING
     m.feed_health(Health(True, "/health", 200, 1011.0), 1011.0)
     ready = m.feed_health(Health(True, "/v1/models", 200, 1011.0), 1011.0)
     assert any(isinstance(e, Ready) for e in ready) and m.state is State.READY

@@ -104,7 +104,7 @@ def test_top_process_exit_code_zero_is_still_a_death() -> None:
 def test_log_line_alone_is_not_ready() -> None:
     m = _machine()
     _feed(m, ["INFO:     Application startup complete."], T0 + 10)
-    assert m.state is State.LOADING and m.log_ready_seen
+    assert m.state is State.LOADING and m.ready_log_at is not None
 
 
 def test_helper_processes_exiting_cleanly_are_not_deaths() -> None:

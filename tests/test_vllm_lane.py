@@ -40,10 +40,10 @@ from vllm_lane.lane import (
 )
 from vllm_lane.setup_env import env_dir
 
+from tui.core.acceptance import parse_interval, parse_totals
 from tui.core.cluster import HEADLESS_JOINED
 from tui.core.phases import Phase, detect_phase
 from tui.core.profile import Profile, load_profile
-from tui.core.specdecode import parse_interval, parse_totals
 from tui.core.state import (
     CauseUpdated,
     Died,
@@ -223,7 +223,7 @@ def keep_log(w: Watched, lane_dir: Path, name: str) -> None:
 
 async def check_spec_decoding(w: Watched, requests: int = 4) -> dict[str, Any]:
     """After a few requests, /metrics' spec-decode counters and the `SpecDecoding metrics:`
-    lines parse with tui.core.specdecode and agree with each other."""
+    lines parse with tui.core.acceptance and agree with each other."""
     port, model = w.profile.server.port, str(w.profile.server.model)
     for _ in range(requests):
         complete(port, model)

@@ -174,7 +174,7 @@ def phases_right(seen: list[str]) -> bool:
 
 
 def seconds(text: str) -> float:
-    """"12.3s" or "1m04s" (describe.duration) in seconds."""
+    """"12.3s" or "1m04s" (units.duration) in seconds."""
     if text.endswith("s") and "m" not in text:
         return float(text[:-1])
     minutes, secs = text.rstrip("s").split("m")

@@ -4,6 +4,19 @@ from __future__ import annotations
 
 import os
 
+# The part of this naming that the rest of tui reads too: tui/core/procnames.py holds the same
+# table (the agent imports nothing of tui); tests/test_procnames.py keeps the two equal.
+# Titles (setproctitle) that carry the process's own name after the prefix, with the name of one
+# that carries nothing after it.
+ENGINE_TITLES = (("VLLM::", "VLLM"), ("sglang::", "sglang"))
+# The top process of a run (the server that answers HTTP), by engine.
+TOP_NAMES = {"vllm": "APIServer", "sglang": "SGLangServer"}
+# SGLang's launcher by its command line (its words, in order): the real one, and the simulated
+# engine playing it.
+SGLANG_LAUNCHER = ("sglang.launch_server", "--sim-engine sglang")
+
+_RAY_TITLE = ("ray::", "ray")
+
 # Ray's daemons by the script or module they run (Ray 2.x): the names Ray's own logs and
 # `ray status` use for them
 _RAY_SCRIPTS = (("ray/_private/log_monitor.py", "log_monitor"),
@@ -23,7 +36,7 @@ def vllm_name(argv: list[str] | None, comm: str, top: bool) -> str:
     as Ray names them (see ray_name)."""
     argv = argv or []
     first = argv[0].strip() if argv else ""
-    for title, engine in (("VLLM::", "VLLM"), ("sglang::", "sglang"), ("ray::", "ray")):
+    for title, engine in (*ENGINE_TITLES, _RAY_TITLE):
         if first.startswith(title):
             rest = first[len(title):].split()
             return rest[0].split(".")[0] if rest else engine
@@ -34,7 +47,7 @@ def vllm_name(argv: list[str] | None, comm: str, top: bool) -> str:
         return found
     joined = " ".join(argv)
     if top and _looks_like_server(argv):
-        return "SGLangServer" if _is_sglang(argv) else "APIServer"
+        return TOP_NAMES["sglang"] if _is_sglang(argv) else TOP_NAMES["vllm"]
     if "multiprocessing.resource_tracker" in joined:
         return "resource_tracker"
     if "from multiprocessing.spawn import" in joined or "multiprocessing.forkserver" in joined:
@@ -55,12 +68,13 @@ def _looks_like_server(argv: list[str]) -> bool:
 
 def _is_sglang(argv: list[str]) -> bool:
     """SGLang's launcher, or the simulated engine playing it (`--sim-engine sglang`)."""
-    if "sglang.launch_server" in argv:
-        return True
-    at = argv.index("--sim-engine") + 1 if "--sim-engine" in argv else 0
-    return at > 0 and argv[at:at + 1] == ["sglang"]
+    return any(_has_words(argv, command.split()) for command in SGLANG_LAUNCHER)
 
 
+def _has_words(argv: list[str], words: list[str]) -> bool:
+    """`words` appear in argv one after the other."""
+    n = len(words)
+    return any(argv[i:i + n] == words for i in range(len(argv) - n + 1))
 
 
 def ray_name(argv: list[str], first: str) -> str | None:

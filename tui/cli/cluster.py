@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 
 from tui.cli.exit_codes import EXIT_DEAD, EXIT_ERROR, EXIT_PREFLIGHT
-from tui.core.describe import duration, gpu_verdict
+from tui.core.describe import gpu_verdict
 from tui.core.errors import PreflightFailed
 from tui.core.logline import strip_escapes
+from tui.core.units import duration
 from tui.supervise.group import ClusterRun, Joined, RunDied
 
 

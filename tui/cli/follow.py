@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tui.cli.exit_codes import EXIT_DEAD, EXIT_ERROR, EXIT_READY, EXIT_STALLED, EXIT_TIMEOUT
-from tui.core.describe import death_lines, describe, duration, gpu_verdict, serving_words
+from tui.core.describe import death_lines, describe, gpu_verdict, serving_words
 from tui.core.phases import Phase
 from tui.core.state import Death, Died, ProgressChanged, Ready, ReadyTimedOut, Stalled
+from tui.core.units import duration
 from tui.supervise.group import ClusterRun, Joined, MemberEvent, RunDied
 from tui.supervise.supervisor import (
     CAUSE_GRACE_S,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from tui.core.describe import duration, serving_words
+from tui.core.describe import serving_words
 from tui.core.errors import SpecconsoleError
 from tui.core.explain import explain
 from tui.core.logline import strip_escapes
@@ -21,6 +21,7 @@ from tui.core.phases import Phase
 from tui.core.profile import Profile
 from tui.core.protocol import RunRecord
 from tui.core.serving import ServingReadout, ServingSample, parse_log_line
+from tui.core.units import duration
 from tui.remote import launcher
 from tui.remote.session import Session
 from tui.supervise.runs import Member, Run

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from textual.message import Message
 
@@ -27,9 +29,9 @@ from tui.console.messages import (
     ServingChanged,
     SpecDecodeChanged,
 )
+from tui.core.acceptance import SpecDecodeInterval, SpecDecodeTotals
 from tui.core.describe import (
     death_lines,
-    duration,
     gpu_verdict,
     skipped_words,
     timed_out_outcome,
@@ -39,7 +41,6 @@ from tui.core.gpuview import GpuHistory
 from tui.core.logwindow import Entry, entries
 from tui.core.proctree import ProcTree
 from tui.core.protocol import LogSkipped as Skipped
-from tui.core.specdecode import SpecDecodeInterval, SpecDecodeTotals
 from tui.core.state import (
     CauseUpdated,
     Died,
@@ -53,6 +54,7 @@ from tui.core.state import (
     StateChanged,
 )
 from tui.core.status import RunView, view_of
+from tui.core.units import duration
 from tui.supervise.history import Launch
 from tui.supervise.supervisor import (
     AgentHello,
@@ -87,6 +89,18 @@ def previous_text(previous: Launch | None) -> str:
 
 
 @dataclass
+class _Batch:
+    """One batch's messages so far, and which views it changed (each snapshotted once)."""
+
+    out: list[Message] = field(default_factory=list)
+    procs: bool = False
+    gpus: bool = False
+    run: bool = False
+    spec: bool = False
+    serving: bool = False
+
+
+@dataclass
 class Bridge:
     """Supervisor events in, console messages out, for one Supervisor (across restarts)."""
 
@@ -103,6 +117,24 @@ class Bridge:
     spec_totals: SpecDecodeTotals | None = None
     spec_trend: deque[float] = field(default_factory=lambda: deque(maxlen=SPEC_TREND))
     _cause_offset: int | None = None
+    _handlers: dict[type, Callable[[Any, _Batch], None]] = field(init=False, repr=False,
+                                                              compare=False)
+
+    def __post_init__(self) -> None:
+        # each event type's handler, bound once; any other type only moves the run view
+        self._handlers = {
+            RunStarted: self._on_run_started, ProcsSeen: self._on_procs_seen,
+            ProcEnded: self._on_proc_ended, GpusSeen: self._on_gpus_seen,
+            AgentHello: self._on_hello, Died: self._on_death, CauseUpdated: self._on_death,
+            Stalled: self._on_stalled, StacksTaken: self._on_stacks,
+            ReadyTimedOut: self._on_timed_out, Ready: self._on_ready,
+            StateChanged: self._on_state, LinkLost: self._on_link, LinkRestored: self._on_link,
+            PreflightDone: self._on_preflight, HistoryLoaded: self._on_history,
+            SmokeDone: self._on_smoke, ServingSeen: self._on_serving,
+            SpecDecodeSeen: self._on_spec_decode, KillProgress: self._on_kill_progress,
+            KillDone: self._on_killed, Fatal: self._on_fatal, Skipped: self._on_skipped,
+            Notice: self._on_notice, HelperExited: self._on_helper_exited,
+        }
 
     def view(self) -> RunView:
         return view_of(self.sup.machine, stalled=self.stalled, ready_took=self.ready_took,
@@ -110,13 +142,12 @@ class Bridge:
 
     def translate(self, events: list[object], now: float) -> list[Message]:
         """Messages for a batch of events, in order; snapshots once per batch."""
-        out: list[Message] = []
+        batch = _Batch()
         lines: list[Entry] = []
-        procs_changed = gpus_changed = run_changed = spec_changed = serving_changed = False
 
         def flush_lines() -> None:
             if lines:
-                out.append(LogLines(tuple(lines)))
+                batch.out.append(LogLines(tuple(lines)))
                 lines.clear()
 
         for event in events:
@@ -124,124 +155,159 @@ class Bridge:
                 lines.extend(entries(event.chunk))
                 continue
             flush_lines()
-            if isinstance(event, RunStarted):
-                self.procs, self.gpus, self.gpu_note = ProcTree(), GpuHistory(), None
-                self.stalled = self.ready_took = self._cause_offset = None
-                self.kill_steps = []
-                self.spec_interval = self.spec_totals = None
-                self.spec_trend.clear()
-                out.append(RunReset())
-                procs_changed = gpus_changed = run_changed = True
-            elif isinstance(event, ProcsSeen):
-                self.procs.update(event.procs)
-                procs_changed = True
-            elif isinstance(event, ProcEnded):
-                self.procs.ended(event.pid, self.sup.machine.name_of(event.pid, event.name),
-                                 event.code, event.signal)
-                procs_changed = True
-            elif isinstance(event, GpusSeen):
-                self.gpus.add(event.gpus)
-                self.procs.gpus(event.gpus)
-                gpus_changed = procs_changed = True
-            elif isinstance(event, AgentHello):
-                hello = event.hello
-                self.gpu_note = None if hello.nvml_ok else (
-                    f"{hello.nvml_error or 'no NVML on this host'}: no GPU data will come"
-                    " (a CPU build, or no NVIDIA driver)")
-                gpus_changed = True
-            elif isinstance(event, (Died, CauseUpdated)):
-                out.extend(self._death(event))
-                procs_changed = run_changed = True
-            elif isinstance(event, Stalled):
-                self.stalled = event
-                out.append(AlertRaised("stalled", "STALLED — " + event.summary(),
-                                       "; ".join(s.words() for s in event.suspects)
-                                       or "the server is alive but nothing moves", ring=True))
-                run_changed = True
-            elif isinstance(event, StacksTaken) and self.stalled is not None:
-                where = "; ".join(s.summary() for s in event.stacks[:4])
-                more = f" (+{len(event.stacks) - 4} more)" if len(event.stacks) > 4 else ""
-                out.append(AlertRaised("stalled", "STALLED — " + self.stalled.summary(),
-                                       f"stacks {event.why}: {where}{more} — d shows them all"))
-            elif isinstance(event, ReadyTimedOut):
-                keys = "" if event.limit.kill else " · k kills it, r restarts it"
-                out.append(AlertRaised("timeout", f"TIMEOUT — {timed_out_words(event)}, still "
-                                                  f"{event.state.value}",
-                                       timed_out_outcome(event) + keys, ring=True))
-                run_changed = True
-            elif isinstance(event, Ready):
-                self.ready_took = event.took
-                out.append(AlertRaised("ready", f"READY — took {duration(event.took)}",
-                                       f"serving on port {self.sup.served.port}",
-                                       ring=True))
-                run_changed = True
-            elif isinstance(event, StateChanged):
-                run_changed = True
-                if event.previous is State.STALLED and event.state is State.LOADING:
-                    self.stalled = None
-                    out.append(AlertRaised("info", "moving again: the log resumed"))
-            elif isinstance(event, (LinkLost, LinkRestored)):
-                out.extend(self._link(event))
-                run_changed = True
-            elif isinstance(event, PreflightDone):
-                out.append(PreflightShown(event.checks))
-            elif isinstance(event, HistoryLoaded):
-                self.usual = dict(event.usual)
-                out.append(HistoryShown(previous_text(event.previous)))
-                run_changed = True
-            elif isinstance(event, SmokeDone):
-                out.append(self._smoke(event))
-            elif isinstance(event, ServingSeen):
-                serving_changed = True
-            elif isinstance(event, SpecDecodeSeen):
-                self.spec_totals = event.totals
-                spec_changed = True
-            elif isinstance(event, KillProgress):
-                step = event.step
-                self.kill_steps.append(f"{step.step} {' '.join(map(str, step.pids)) or '—'}")
-                out.append(AlertRaised("killing", "KILLING — " + " → ".join(self.kill_steps)))
-            elif isinstance(event, KillDone):
-                out.append(self._killed(event))
-                self.kill_steps = []
-                procs_changed = run_changed = True
-            elif isinstance(event, Fatal):
-                self.link = "NOT WATCHING (restart the console or press r)"
-                out.append(AlertRaised("error", "ERROR — " + event.text))
-                run_changed = True
-            elif isinstance(event, Skipped):
-                out.append(LogSkipped(event.start, event.end))
-                out.append(AlertRaised("info", skipped_words(event.start, event.end)))
-            elif isinstance(event, Notice):
-                out.append(AlertRaised("warning" if event.level == "warning" else "info",
-                                       event.text))
-            elif isinstance(event, HelperExited):
-                ex = event.exit
-                out.append(AlertRaised("info", f"helper {ex.name} (pid {ex.pid}) exited "
-                                               f"with code {ex.code}; not the server"))
-            else:  # phase and progress changes, helper notes: the run view moved
-                run_changed = True
+            self._handlers.get(type(event), self._on_other)(event, batch)
         flush_lines()
+        return self._snapshots(batch, now)
+
+    def _snapshots(self, batch: _Batch, now: float) -> list[Message]:
+        """The batch's messages, then one snapshot of each view the batch changed."""
+        out = batch.out
         interval = self.sup.machine.spec_decode
         if interval is not None and interval is not self.spec_interval:
             self.spec_interval = interval
             self.spec_trend.append(interval.acceptance_rate)
-            spec_changed = True
+            batch.spec = True
         serving = self.sup.machine.serving
-        if serving_changed and serving.latest is not None:
+        if batch.serving and serving.latest is not None:
             out.append(ServingChanged(serving.latest, {
                 name: serving.series(name) for name in SERVING_SERIES}))
-        if spec_changed:
+        if batch.spec:
             out.append(SpecDecodeChanged(self.spec_interval, self.spec_totals,
                                          tuple(self.spec_trend)))
-        if procs_changed:
+        if batch.procs:
             m = self.sup.machine
             out.append(ProcsChanged(self.procs.rows(m.names(), m.procwatch.held_for(now, 0.0)),
                                     now))
-        if gpus_changed:
+        if batch.gpus:
             out.append(GpusChanged(self.gpus.rows(), self.gpu_note))
-        if run_changed:
+        if batch.run:
             out.append(RunChanged(self.view(), now))
         return out
+
+    # -- one handler per event type (see _handlers) -----------------------------------------
+
+    def _on_run_started(self, event: RunStarted, batch: _Batch) -> None:
+        self.procs, self.gpus, self.gpu_note = ProcTree(), GpuHistory(), None
+        self.stalled = self.ready_took = self._cause_offset = None
+        self.kill_steps = []
+        self.spec_interval = self.spec_totals = None
+        self.spec_trend.clear()
+        batch.out.append(RunReset())
+        batch.procs = batch.gpus = batch.run = True
+
+    def _on_procs_seen(self, event: ProcsSeen, batch: _Batch) -> None:
+        self.procs.update(event.procs)
+        batch.procs = True
+
+    def _on_proc_ended(self, event: ProcEnded, batch: _Batch) -> None:
+        self.procs.ended(event.pid, self.sup.machine.name_of(event.pid, event.name),
+                         event.code, event.signal)
+        batch.procs = True
+
+    def _on_gpus_seen(self, event: GpusSeen, batch: _Batch) -> None:
+        self.gpus.add(event.gpus)
+        self.procs.gpus(event.gpus)
+        batch.gpus = batch.procs = True
+
+    def _on_hello(self, event: AgentHello, batch: _Batch) -> None:
+        hello = event.hello
+        self.gpu_note = None if hello.nvml_ok else (
+            f"{hello.nvml_error or 'no NVML on this host'}: no GPU data will come"
+            " (a CPU build, or no NVIDIA driver)")
+        batch.gpus = True
+
+    def _on_death(self, event: Died | CauseUpdated, batch: _Batch) -> None:
+        batch.out.extend(self._death(event))
+        batch.procs = batch.run = True
+
+    def _on_stalled(self, event: Stalled, batch: _Batch) -> None:
+        self.stalled = event
+        batch.out.append(AlertRaised("stalled", "STALLED — " + event.summary(),
+                                     "; ".join(s.words() for s in event.suspects)
+                                     or "the server is alive but nothing moves", ring=True))
+        batch.run = True
+
+    def _on_stacks(self, event: StacksTaken, batch: _Batch) -> None:
+        if self.stalled is None:  # stacks of no stall: only the run view moved
+            self._on_other(event, batch)
+            return
+        where = "; ".join(s.summary() for s in event.stacks[:4])
+        more = f" (+{len(event.stacks) - 4} more)" if len(event.stacks) > 4 else ""
+        batch.out.append(AlertRaised("stalled", "STALLED — " + self.stalled.summary(),
+                                     f"stacks {event.why}: {where}{more} — d shows them all"))
+
+    def _on_timed_out(self, event: ReadyTimedOut, batch: _Batch) -> None:
+        keys = "" if event.limit.kill else " · k kills it, r restarts it"
+        batch.out.append(AlertRaised("timeout", f"TIMEOUT — {timed_out_words(event)}, still "
+                                                f"{event.state.value}",
+                                     timed_out_outcome(event) + keys, ring=True))
+        batch.run = True
+
+    def _on_ready(self, event: Ready, batch: _Batch) -> None:
+        self.ready_took = event.took
+        batch.out.append(AlertRaised("ready", f"READY — took {duration(event.took)}",
+                                     f"serving on port {self.sup.served.port}", ring=True))
+        batch.run = True
+
+    def _on_state(self, event: StateChanged, batch: _Batch) -> None:
+        batch.run = True
+        if event.previous is State.STALLED and event.state is State.LOADING:
+            self.stalled = None
+            batch.out.append(AlertRaised("info", "moving again: the log resumed"))
+
+    def _on_link(self, event: LinkLost | LinkRestored, batch: _Batch) -> None:
+        batch.out.extend(self._link(event))
+        batch.run = True
+
+    def _on_preflight(self, event: PreflightDone, batch: _Batch) -> None:
+        batch.out.append(PreflightShown(event.checks))
+
+    def _on_history(self, event: HistoryLoaded, batch: _Batch) -> None:
+        self.usual = dict(event.usual)
+        batch.out.append(HistoryShown(previous_text(event.previous)))
+        batch.run = True
+
+    def _on_smoke(self, event: SmokeDone, batch: _Batch) -> None:
+        batch.out.append(self._smoke(event))
+
+    def _on_serving(self, event: ServingSeen, batch: _Batch) -> None:
+        batch.serving = True
+
+    def _on_spec_decode(self, event: SpecDecodeSeen, batch: _Batch) -> None:
+        self.spec_totals = event.totals
+        batch.spec = True
+
+    def _on_kill_progress(self, event: KillProgress, batch: _Batch) -> None:
+        step = event.step
+        self.kill_steps.append(f"{step.step} {' '.join(map(str, step.pids)) or '—'}")
+        batch.out.append(AlertRaised("killing", "KILLING — " + " → ".join(self.kill_steps)))
+
+    def _on_killed(self, event: KillDone, batch: _Batch) -> None:
+        batch.out.append(self._killed(event))
+        self.kill_steps = []
+        batch.procs = batch.run = True
+
+    def _on_fatal(self, event: Fatal, batch: _Batch) -> None:
+        self.link = "NOT WATCHING (restart the console or press r)"
+        batch.out.append(AlertRaised("error", "ERROR — " + event.text))
+        batch.run = True
+
+    def _on_skipped(self, event: Skipped, batch: _Batch) -> None:
+        batch.out.append(LogSkipped(event.start, event.end))
+        batch.out.append(AlertRaised("info", skipped_words(event.start, event.end)))
+
+    def _on_notice(self, event: Notice, batch: _Batch) -> None:
+        batch.out.append(AlertRaised("warning" if event.level == "warning" else "info",
+                                     event.text))
+
+    def _on_helper_exited(self, event: HelperExited, batch: _Batch) -> None:
+        ex = event.exit
+        batch.out.append(AlertRaised("info", f"helper {ex.name} (pid {ex.pid}) exited "
+                                             f"with code {ex.code}; not the server"))
+
+    def _on_other(self, event: object, batch: _Batch) -> None:
+        """Phase and progress changes, helper notes: the run view moved."""
+        batch.run = True
 
     def _death(self, event: Died | CauseUpdated) -> list[Message]:
         death = event.death

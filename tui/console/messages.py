@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
+from tui.core.acceptance import SpecDecodeInterval, SpecDecodeTotals
 from tui.core.gpuview import GpuRow
 from tui.core.logwindow import Entry
 from tui.core.proctree import ProcRow
 from tui.core.protocol import Check
 from tui.core.serving import ServingSample
-from tui.core.specdecode import SpecDecodeInterval, SpecDecodeTotals
 from tui.core.status import RunView
 
 

@@ -23,18 +23,7 @@ from tui.core.state import (
     State,
     StateChanged,
 )
-
-
-def duration(seconds: float) -> str:
-    """12m04s, 1h02m, 9.5s: compact, readable at a glance."""
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
-
+from tui.core.units import duration, size_words
 
 _NATIVE_CRASH = {signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
 
@@ -136,12 +125,6 @@ def serving_words(s: ServingSample) -> str:
     if s.preemptions is not None:
         parts.append(f"preemptions {s.preemptions:,.0f}")
     return " · ".join(parts) or "no figures"
-
-
-def size_words(n: int) -> str:
-    """Bytes as a person reads them: 512 KiB, 3.2 MiB, 1.0 GiB."""
-    return (f"{n >> 10} KiB" if n < 2**20 else f"{n / 2**20:.1f} MiB" if n < 2**30
-            else f"{n / 2**30:.1f} GiB")
 
 
 def skipped_words(start: int, end: int) -> str:

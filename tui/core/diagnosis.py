@@ -18,7 +18,7 @@ Evidence, by failure class rather than by one log's words:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -208,11 +208,3 @@ class Diagnosis:
             return None
         return {name: sub.verdict() for name, sub in sorted(self._services.items())}
 
-
-def diagnose(lines: Iterable[tuple[LogLine, NoiseRule | None]], engine: str,
-             noise: NoiseFilter) -> Explanation:
-    """A verdict for lines already parsed and classified (one chunk)."""
-    diagnosis = Diagnosis(engine, noise)
-    pairs = list(lines)
-    diagnosis.feed([p[0] for p in pairs], [p[1] for p in pairs])
-    return diagnosis.verdict()

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tui.core.procnames import is_server_role
 from tui.core.protocol import Gpus, ProcInfo, Procs
-from tui.core.state import is_server_role
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from tui.core.failures import FailureClass, classify, fatal_statement, states_cause
 from tui.core.logline import LogLine
 from tui.core.noise import NoiseFilter
+from tui.core.procnames import untitled
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +245,7 @@ class RootCauseTracker:
             return self._missing()
         if self._death is not None:
             pid, name = self._death
-            short = name.removeprefix("VLLM::").removeprefix("sglang::")
+            short = untitled(name)
             cands = ([c for c in cands if c.pid == pid]
                      or [c for c in cands if c.proc is not None and c.proc == short] or cands)
         # a failure reported from another process gives way to a real exception of the same one
@@ -260,7 +261,7 @@ class RootCauseTracker:
             return None
         if self._death is not None:
             pid, name = self._death
-            short = name.removeprefix("VLLM::").removeprefix("sglang::")
+            short = untitled(name)
             cuts = [c for c in cuts if c.pid == pid or c.proc == short] or cuts
         cut = min(cuts, key=lambda c: c.offset)
         deepest = cut.deepest()

@@ -64,7 +64,6 @@ _COUNTERS = {  # rate or ratio of counters between two scrapes
     "drafted": ("vllm:spec_decode_num_draft_tokens_total",),
     "accepted": ("vllm:spec_decode_num_accepted_tokens_total",),
 }
-_MAX = frozenset({"kv_usage"})  # several engines (data parallel): the fullest, not the sum
 
 
 def _sums(text: str) -> dict[str, float]:
@@ -75,6 +74,7 @@ def _sums(text: str) -> dict[str, float]:
         for sample in family.samples:
             out[sample.name] = out.get(sample.name, 0.0) + sample.value
             peak[sample.name] = max(peak.get(sample.name, sample.value), sample.value)
+    # KV cache usage of several engines (data parallel): the fullest, not the sum
     kv = [n for n in _GAUGES["kv_usage"] if n in peak]
     out.update({n: peak[n] for n in kv})
     return out

@@ -16,15 +16,22 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+from tui.core.acceptance import SpecDecodeInterval, parse_interval
 from tui.core.diagnosis import Diagnosis, Explanation
 from tui.core.logchunk import ChunkReader, LineChunk
 from tui.core.logtime import LogClock
 from tui.core.noise import NoiseFilter
 from tui.core.phases import Phase, PhaseHit
+from tui.core.procnames import (
+    ROLE_BY_COMMAND,
+    SGLANG_TITLE,
+    is_helper,
+    is_server_role,
+    top_name,
+)
 from tui.core.protocol import Gpus, Health, ProcExit, ProcInfo, Procs, RunExit
 from tui.core.rootcause import RootCause
 from tui.core.serving import ServingReadout, ServingSample
-from tui.core.specdecode import SpecDecodeInterval, parse_interval
 from tui.core.stall import ProcWatch, Suspect
 from tui.core.timeline import Timeline
 
@@ -47,17 +54,6 @@ class State(enum.Enum):
 
 _LIVE = {State.PREFLIGHT, State.STARTING, State.LOADING, State.READY, State.STALLED}
 
-# vLLM's (and SGLang's) own processes: their death is the server's death, whatever the code.
-# "EngineCor": the kernel keeps 15 characters of `VLLM::EngineCore` as a zombie's name, as
-# "schedul" and "detoken" of `sglang::scheduler_TP3` and `sglang::detokenizer`.
-_SERVER_ROLE = re.compile(
-    r"^(APIServer|EngineCor|VllmWorker|Worker|RayWorkerWrapper|mp-spawn|vllm|sglang|SGLang"
-    r"|Scheduler|schedul|detoken|data_parallel)",
-)
-# Helpers that come and go during a launch (compilers, shells, the multiprocessing resource
-# tracker): even a failing one is reported, not taken for the server's death.
-_HELPER = re.compile(r"^(resource_tracker|g\+\+|c\+\+|gcc|cc1plus|cc1|as|ld|collect2|ninja|make"
-                     r"|sh|bash|dash|nvcc|ptxas|cicc|fatbinary|nvlink)$")
 # How vLLM reports a child's exit code: the only record of it once the parent has reaped it.
 _REPORTED_EXIT = re.compile(
     r"(?:Worker proc (?P<worker>\S+) died unexpectedly \(exit code: (?P<wcode>-?\d+)\)"
@@ -81,21 +77,6 @@ _REPORTED_COMMAND = re.compile(r"Command '(\[.*?\])' returned non-zero exit stat
 _PENDING_MAX = 16
 # A line stamped this much before it was read is history (a replay on attach), not live.
 LATE_LINE_S = 2.0
-# Processes that log nothing under their own prefix, named by their command line: vLLM's model
-# inspection child, SGLang's launcher (no SGLang line names its process by pid).
-_ROLE_BY_COMMAND = (("vllm.model_executor.models.registry", "model inspection"),
-                    ("sglang.launch_server", "SGLangServer"),
-                    ("--sim-engine sglang", "SGLangServer"))
-# SGLang's processes retitle themselves (setproctitle): `sglang::scheduler_TP3` is the
-# process that logs as `[... TP3]`, named "scheduler_TP3" both ways (see logline).
-_SGLANG_TITLE = "sglang::"
-# Heartbeats of a hang: lines that must not count as progress.
-_HANG_HEARTBEAT = "No available shared memory broadcast block found"
-
-
-def is_server_role(name: str) -> bool:
-    """One of vLLM's (or SGLang's) own processes, by the name the log or the kernel gives it."""
-    return _SERVER_ROLE.match(name) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +224,6 @@ class LaunchMachine:
     procs: dict[int, ProcInfo] = field(default_factory=dict)
     top_pid: int | None = None
     last_line_at: float | None = None
-    log_ready_seen: bool = False
     # vLLM's own names and reported exit codes, from the log: a process that died young or
     # was reaped by its parent is known to the agent only by a provisional name and no code
     log_names: dict[int, str] = field(default_factory=dict)
@@ -432,7 +412,6 @@ class LaunchMachine:
         if hit.version is not None and self.engine_version is None:
             self.engine_version = hit.version
         if hit.phase is Phase.READY_LOG:
-            self.log_ready_seen = True
             self.ready_log_at = at
         if self.timeline is None or not self.state.live or self.state is State.READY:
             return events
@@ -462,9 +441,9 @@ class LaunchMachine:
             return name
         proc = self.procs.get(pid)
         if proc is not None:
-            if proc.cmd.startswith(_SGLANG_TITLE):
-                return proc.cmd[len(_SGLANG_TITLE):].split(" ", 1)[0] or fallback
-            for needle, role in _ROLE_BY_COMMAND:
+            if proc.cmd.startswith(SGLANG_TITLE):
+                return proc.cmd[len(SGLANG_TITLE):].split(" ", 1)[0] or fallback
+            for needle, role in ROLE_BY_COMMAND:
                 if needle in proc.cmd:
                     return role
         return fallback
@@ -486,7 +465,7 @@ class LaunchMachine:
             else _status(self.reported_codes.get(name), None)
         ex = replace(ex, name=name, code=code, signal=sig)
         if self.death is not None and abs(ex.time - self.death.at) <= TOGETHER_S \
-                and _SERVER_ROLE.match(name) and len(self.died_with) < _PENDING_MAX:
+                and is_server_role(name) and len(self.died_with) < _PENDING_MAX:
             self.died_with[name] = ex.pid
             death = self._vllms_account(self.death)
             if death != self.death:
@@ -495,11 +474,11 @@ class LaunchMachine:
         if not self.state.live or self.death is not None:
             return []
         failed = (ex.code not in (0, None)) or ex.signal is not None
-        server = ex.top or ex.pid == self.top_pid or _SERVER_ROLE.match(ex.name)
+        server = ex.top or ex.pid == self.top_pid or is_server_role(ex.name)
         # any other process that failed is a death too; one that ended cleanly (or was reaped
         # before its code could be read, like vLLM's model-inspection subprocess) is not
-        if not server and (not failed or _HELPER.match(ex.name)):
-            if ex.code is None and ex.signal is None and not _HELPER.match(ex.name):
+        if not server and (not failed or is_helper(ex.name)):
+            if ex.code is None and ex.signal is None and not is_helper(ex.name):
                 if len(self.pending_exits) >= _PENDING_MAX:
                     self.pending_exits.pop(next(iter(self.pending_exits)))
                 self.pending_exits[ex.pid] = ex
@@ -526,8 +505,7 @@ class LaunchMachine:
             return self.feed_exit(ProcExit(pid, first, self.reported_codes[first], None,
                                            ex.time, False), at)
         pid = ex.pid if ex.pid is not None else (self.top_pid or 0)
-        name = self.procs[pid].name if pid in self.procs else (
-            "SGLangServer" if self.engine == "sglang" else "APIServer")
+        name = self.procs[pid].name if pid in self.procs else top_name(self.engine)
         return self.feed_exit(ProcExit(pid, name, ex.code, ex.signal, ex.time, True), at)
 
     def feed_health(self, health: Health, at: float) -> list[DomainEvent]:

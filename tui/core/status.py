@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from tui.core.describe import duration, timed_out_words
+from tui.core.describe import timed_out_words
 from tui.core.phases import Phase
 from tui.core.state import Death, LaunchMachine, ReadyTimedOut, Stalled, State
 from tui.core.timeline import PhaseSpan
+from tui.core.units import duration
 
 OVERRUN = 1.5  # a phase this many times its usual duration is flagged
 # the row before the first phase line: the interpreter starting and importing the engine

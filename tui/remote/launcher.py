@@ -40,7 +40,7 @@ from tui.core.protocol import (
     Stack,
     StacksDone,
 )
-from tui.core.speculative import speculative_checks
+from tui.core.specconfig import speculative_checks
 from tui.remote.agent_link import AgentTarget, call_agent, stream_agent
 from tui.remote.session import Session
 

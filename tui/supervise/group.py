@@ -19,18 +19,17 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tui.core import cluster
-from tui.core.describe import duration
 from tui.core.errors import PreflightFailed, RunNotFound, SpecconsoleError
 from tui.core.profile import Profile
 from tui.core.protocol import Killed, RunRecord
 from tui.core.state import Death, Died, LinesAdded
+from tui.core.units import duration
 from tui.remote import launcher
 from tui.remote.session import open_session
 from tui.supervise.history import History
 from tui.supervise.runs import Member, Run, SingleRun
 from tui.supervise.supervisor import Fatal, Notice, RunInfo, SessionOpener, Supervisor
 
-JOIN_POLL_S = 0.05
 # how long after a death without a cause another member's death may lend it its cause
 CAUSE_ELSEWHERE_S = 10.0
 

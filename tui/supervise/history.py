@@ -18,7 +18,7 @@ from pathlib import Path
 
 import platformdirs
 
-from tui.core.describe import duration
+from tui.core.units import duration
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS launches (

@@ -21,8 +21,9 @@ from itertools import accumulate, repeat
 from operator import add
 from typing import Any
 
+from tui.core.acceptance import SpecDecodeTotals, parse_totals
 from tui.core.command import known_secrets, redact, served_by, served_changes, shell_join
-from tui.core.describe import disk_words, duration, gpu_verdict
+from tui.core.describe import disk_words, gpu_verdict
 from tui.core.errors import (
     ConnectionLost,
     HostUnreachable,
@@ -57,7 +58,6 @@ from tui.core.protocol import (
     Secrets,
     Served,
 )
-from tui.core.specdecode import SpecDecodeTotals, parse_totals
 from tui.core.stacks import ProcessStacks, process_stacks
 from tui.core.state import (
     CauseUpdated,
@@ -71,6 +71,7 @@ from tui.core.state import (
     State,
     StateChanged,
 )
+from tui.core.units import duration
 from tui.remote import launcher
 from tui.remote.agent_link import stream_agent
 from tui.remote.session import Session, check_python, open_session

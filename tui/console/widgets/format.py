@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from tui.core.describe import duration
+from tui.core.units import duration
 
 SPARKS = "▁▂▃▄▅▆▇█"
 

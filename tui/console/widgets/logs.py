@@ -24,9 +24,9 @@ from textual.widgets import Input, Static
 
 from tui.console.messages import LogLines, LogSkipped, RootCauseFound, RunReset
 from tui.console.widgets.compact import GUTTER, compact_message, gutter
-from tui.core.describe import size_words
 from tui.core.logline import keep_colours
 from tui.core.logwindow import Entry, Fold, LogWindow, Row
+from tui.core.units import size_words
 
 CAUSE_MARK = "▶ ROOT CAUSE "
 MAX_DRAWN = 2000

@@ -14,9 +14,9 @@ from tui.console.messages import (
     SpecDecodeChanged,
 )
 from tui.console.widgets.format import bar, sparkline
-from tui.core.describe import duration
 from tui.core.protocol import Check
 from tui.core.status import RunView, timed_out_text, timeline_rows
+from tui.core.units import duration
 
 
 class TimelinePane(Widget, can_focus=True):

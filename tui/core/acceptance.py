@@ -1,4 +1,4 @@
-"""Speculative-decoding figures from vLLM's own text: the `SpecDecoding metrics:` log line and
+"""Spec-decode acceptance, from vLLM's own text: the `SpecDecoding metrics:` log line and
 the `vllm:spec_decode_*` counters of /metrics (vllm-reference.md, section 4), and from SGLang's
 `Decode batch. ... accept len: X, accept rate: Y, ...` line (section 5).
 

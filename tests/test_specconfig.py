@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tui.core.profile import loads_profile
-from tui.core.speculative import speculative_checks
+from tui.core.specconfig import speculative_checks
 
 BASE = """
 [host]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tui.core.specdecode import SpecDecodeInterval, SpecDecodeTotals, parse_interval, parse_totals
+from tui.core.acceptance import SpecDecodeInterval, SpecDecodeTotals, parse_interval, parse_totals
 from tui.sim import lines
 
 V016 = ("SpecDecoding metrics: Mean acceptance length: 2.71, Accepted throughput: 38.20 tokens/s, "

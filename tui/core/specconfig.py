@@ -1,4 +1,4 @@
-"""Preflight's speculative-decoding consistency checks, decided from the profile alone.
+"""Preflight's checks of [server.speculative], decided from the profile alone.
 
 The loader already refuses a drafter method without a drafter; these are the mistakes vLLM
 would only report minutes into a launch, after the weights were loaded.
