@@ -20,6 +20,7 @@ from .procfs import (
     list_pids,
     read_cmdline,
     read_environ,
+    read_nspid,
     read_stat,
 )
 from .redaction import redact
@@ -31,8 +32,8 @@ MAX_CMD = 8192  # the most characters of a command line we report
 class Proc:
     """One process of the run; its pidfd turns readable when it exits."""
 
-    __slots__ = ("alive", "argv", "children_fd", "comm", "cpu_prev", "name", "pgid", "pid",
-                 "pidfd", "ppid", "start_ticks", "state", "top")
+    __slots__ = ("alive", "argv", "children_fd", "comm", "cpid", "cpu_prev", "name", "pgid",
+                 "pid", "pidfd", "ppid", "start_ticks", "state", "top")
 
     def __init__(self, pid: int, st: Stat, top: bool) -> None:
         self.pid = pid
@@ -41,6 +42,7 @@ class Proc:
         self.ppid, self.pgid, self.comm = st.ppid, st.pgid, st.comm
         self.state = "zombie" if st.state == "Z" else "dead" if st.dead else "running"
         self.argv = read_cmdline(pid)
+        self.cpid = read_nspid(pid)  # its pid inside a container, which its log lines print
         self.name = vllm_name(self.argv, st.comm, top)
         self.pidfd: int | None = None
         self.children_fd: int | None = None  # its children file, open while it is young
@@ -229,8 +231,11 @@ class Tracker:
             os.close(proc.children_fd)
             proc.children_fd = None
         proc.alive = False
-        return {"pid": proc.pid, "name": proc.name, "code": code, "signal": sig,
-                "time": time.time(), "top": proc.top}
+        event = {"pid": proc.pid, "name": proc.name, "code": code, "signal": sig,
+                 "time": time.time(), "top": proc.top}
+        if proc.cpid is not None:
+            event["cpid"] = proc.cpid
+        return event
 
     def snapshot(self, now: float, secrets: list[str]) -> list[dict]:
         """procs message body: live processes, and each dead one once (alive false)."""
@@ -256,10 +261,13 @@ class Tracker:
 
     def _row(self, p: Proc, cpu: float | None, rss: int | None, secrets: list[str]) -> dict:
         cmd = " ".join(p.argv or [])[:MAX_CMD]
-        return {"pid": p.pid, "ppid": p.ppid, "name": redact(p.name, secrets),
-                "cmd": redact(cmd, secrets),
-                "state": p.state, "cpu": cpu, "rss": rss,
-                "started": round(self.boot + p.start_ticks / CLK_TCK, 2), "alive": p.alive}
+        row = {"pid": p.pid, "ppid": p.ppid, "name": redact(p.name, secrets),
+               "cmd": redact(cmd, secrets),
+               "state": p.state, "cpu": cpu, "rss": rss,
+               "started": round(self.boot + p.start_ticks / CLK_TCK, 2), "alive": p.alive}
+        if p.cpid is not None:
+            row["cpid"] = p.cpid
+        return row
 
     def close(self) -> None:
         for fd in list(self.by_fd):
