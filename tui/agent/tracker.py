@@ -10,7 +10,7 @@ import os
 import select
 import time
 
-from .names import vllm_name
+from .names import CONTAINER_INITS, vllm_name
 from .procfs import (
     CLK_TCK,
     STATES,
@@ -33,17 +33,20 @@ class Proc:
     """One process of the run; its pidfd turns readable when it exits."""
 
     __slots__ = ("alive", "argv", "children_fd", "comm", "cpid", "cpu_prev", "name", "pgid",
-                 "pid", "pidfd", "ppid", "start_ticks", "state", "top")
+                 "pid", "pidfd", "ppid", "server", "start_ticks", "state", "top")
 
-    def __init__(self, pid: int, st: Stat, top: bool) -> None:
+    def __init__(self, pid: int, st: Stat, top: bool, server: bool | None = None) -> None:
+        """server: named as the run's server (the top, or the command a container's init
+        runs); None: as top."""
         self.pid = pid
         self.top = top
+        self.server = top if server is None else server
         self.start_ticks = st.start_ticks
         self.ppid, self.pgid, self.comm = st.ppid, st.pgid, st.comm
         self.state = "zombie" if st.state == "Z" else "dead" if st.dead else "running"
         self.argv = read_cmdline(pid)
         self.cpid = read_nspid(pid)  # its pid inside a container, which its log lines print
-        self.name = vllm_name(self.argv, st.comm, top)
+        self.name = vllm_name(self.argv, st.comm, self.server)
         self.pidfd: int | None = None
         self.children_fd: int | None = None  # its children file, open while it is young
         self.alive = not st.dead
@@ -183,7 +186,9 @@ class Tracker:
         return st.sid == self.run.sid if self.run.sid is not None else self.group_is_ours()
 
     def _adopt(self, pid: int, st: Stat, top: bool) -> Proc:
-        proc = Proc(pid, st, top)
+        parent = self.procs.get(st.ppid)
+        proc = Proc(pid, st, top, server=top or (parent is not None and parent.top
+                                                  and parent.comm in CONTAINER_INITS))
         self.procs[pid] = proc
         if not proc.alive or not self.use_pidfd:
             return proc
@@ -218,7 +223,7 @@ class Tracker:
                 proc.comm = st.comm   # only its comm, so the name comes from that, unless
                 first = proc.argv[0] if proc.argv else ""  # it is the title we read, cut short
                 if not first.startswith(st.comm):
-                    proc.name = vllm_name(None, st.comm, proc.top)
+                    proc.name = vllm_name(None, st.comm, proc.server)
         else:
             proc.state = "dead"
         self.gone.add((proc.pid, proc.start_ticks))
@@ -246,7 +251,7 @@ class Tracker:
                 if st.comm != p.comm or p.name == "mp-spawn":  # exec, or a title set since
                     p.comm = st.comm
                     p.argv = read_cmdline(pid) or p.argv
-                    p.name = vllm_name(p.argv, st.comm, p.top)
+                    p.name = vllm_name(p.argv, st.comm, p.server)
                 cpu = None
                 if p.cpu_prev is not None and now > p.cpu_prev[1]:
                     cpu = round((st.cpu_ticks - p.cpu_prev[0]) / CLK_TCK

@@ -146,8 +146,9 @@ class Death:
                else f"died, signal {self.signal}" if self.signal is not None
                else f"died, exit code {self.code}" if self.code is not None
                else "died, exit code unknown")
-        pids = f"pid {self.pid}" + (f", {self.cpid} in the container"
-                                    if self.cpid is not None else "")
+        pids = (f"pid {self.cpid} in the container" if self.cpid is not None and not self.pid
+                else f"pid {self.pid}" + (f", {self.cpid} in the container"
+                                          if self.cpid is not None else ""))
         return f"{self.process} ({pids}) {how}, {self.since_launch:.1f}s after launch"
 
 
@@ -548,6 +549,9 @@ class LaunchMachine:
             first = next(iter(self.reported_codes))
             logged = next((p for p, n in self.log_names.items() if n == first), 0)
             host = {c: h for h, c in self.container_pids.items()}
+            if ex.container is not None and logged not in host:  # gone before we looked
+                return self.feed_exit(ProcExit(0, first, self.reported_codes[first], None,
+                                               ex.time, False, logged), at)
             return self.feed_exit(ProcExit(host.get(logged, logged), first,
                                            self.reported_codes[first], None, ex.time, False),
                                   at)
