@@ -51,7 +51,7 @@ def container_profile(tmp: Path, scenario: str, *, time_scale: float = 300.0,
     python = Path(os.path.realpath(sys.executable))
     home = Path(sys.base_prefix)
     path = tmp / f"{name or scenario}.toml"
-    volumes = [f"/usr:/usr:ro", f"{home}:{home}:ro", f"{ROOT}:{ROOT}:ro", f"{tmp}:{tmp}"]
+    volumes = ["/usr:/usr:ro", f"{home}:{home}:ro", f"{ROOT}:{ROOT}:ro", f"{tmp}:{tmp}"]
     path.write_text(f"""
 [host]
 target = "local"
