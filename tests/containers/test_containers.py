@@ -156,7 +156,7 @@ async def test_worker_sigkilled_from_the_host_while_serving_is_dead(
         await bare.kill(2.0)
         await bare.close()
     record_figure("worker SIGKILL -> DEAD event, container / bare",
-                  f"{box_s * 1000:.0f} ms / {bare_s * 1000:.0f} ms")
+                  f"{box_s * 1000:.1f} ms / {bare_s * 1000:.1f} ms")
 
 
 async def test_container_memory_limit_is_dead_said_as_oomkilled(
