@@ -1,5 +1,6 @@
 """Set up a virtual environment and run the demo, the test suite, the real-log corpus score,
-the fault lab or the real-vLLM lane: `python3 -m tui.bootstrap demo|test|score|lab|vllm`.
+the fault lab, the real-vLLM lane or the container lane:
+`python3 -m tui.bootstrap demo|test|score|lab|vllm|containers`.
 
 Stdlib only, so it runs on a fresh machine with nothing but Python 3.10+. The project's venv is
 synced by uv from uv.lock, the lock of the whole dependency tree, so that what passed CI today
@@ -304,6 +305,36 @@ def run_lab_lane(extra_args: list[str]) -> int:
     return code
 
 
+CONTAINER_TOOLS = {"docker": "docker.io", "dockerd": "docker.io"}
+
+
+def run_containers_lane(extra_args: list[str]) -> int:
+    """The simulated engine in docker containers, through the real daemon: docker.io installed
+    when missing (as root), dockerd started when `docker info` fails, the lane's image built
+    locally (tests/containers/setup_docker.py; no registry), then the tests marked
+    `containers`. A setup failure is its one line and exit 1: never a skip."""
+    started = time.monotonic()
+    why = ensure_packages(CONTAINER_TOOLS)
+    if why is not None:
+        print(f"container lane setup: {why}", file=sys.stderr)
+        return 1
+    setup = subprocess.run([str(_python()), str(ROOT / "tests" / "containers" /
+                                                "setup_docker.py")], cwd=ROOT)
+    if setup.returncode != 0:
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        figures = Path(tmp) / "figures.json"
+        code = subprocess.run(
+            [str(_python()), "-m", "pytest", "-m", "containers", "tests/containers",
+             *extra_args], cwd=ROOT,
+            env={**os.environ, "SPECCONSOLE_CONTAINERS_FIGURES": str(figures)}).returncode
+        if figures.exists():
+            for name, value in sorted(json.loads(figures.read_text()).items()):
+                print(f"container lane: {name}: {value}", flush=True)
+    print(f"container lane: {time.monotonic() - started:.0f} s in all", flush=True)
+    return code
+
+
 def run_score(extra_args: list[str]) -> int:
     """The real-log corpus score (tests/corpus/score.py): it prints the figures and fails only
     when a log makes `explain` raise, never on a score."""
@@ -312,10 +343,10 @@ def run_score(extra_args: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "score", "lab", "vllm"):
+    if not argv or argv[0] not in ("demo", "test", "score", "lab", "vllm", "containers"):
         print("usage: python3 -m tui.bootstrap demo [demo options] | test [--latest] [pytest "
-              "options] | score [--show] | lab [pytest options] | vllm [pytest options]",
-              file=sys.stderr)
+              "options] | score [--show] | lab [pytest options] | vllm [pytest options] | "
+              "containers [pytest options]", file=sys.stderr)
         return 2
     if argv[0] == "demo":
         ensure_installed("")
@@ -333,6 +364,8 @@ def main(argv: list[str]) -> int:
         return run_vllm_lane(argv[1:])
     if argv[0] == "lab":
         return run_lab_lane(argv[1:])
+    if argv[0] == "containers":
+        return run_containers_lane(argv[1:])
     if argv[1:2] == ["--latest"]:
         return run_latest(argv[2:])
     return run_tests(argv[1:])

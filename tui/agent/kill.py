@@ -8,6 +8,7 @@ import os
 import signal
 import time
 
+from . import container
 from .nvml import Gpus
 from .procfs import alive, ancestors, pgid_of, pidfd_supported, read_environ, read_stat
 from .rundir import Run
@@ -33,11 +34,18 @@ def cmd_kill(spec: dict) -> int:
     tracker.scan()
     ever: set[int] = set(tracker.procs)  # every pid of the run seen, for the GPU check
 
-    termed = _signal_members(tracker, exclude, signal.SIGTERM)
-    # a stopped process (SIGSTOP, a debugger's hold) acts on its TERM only once continued
-    _signal_members(tracker, exclude, signal.SIGCONT)
-    emit("kill_step", step="TERM", pids=termed, time=time.time())
-    _wait_dead(tracker, time.monotonic() + grace)
+    box = run.container
+    if box is not None:  # the runtime's own TERM, KILL after the grace, to its main process
+        emit("kill_step", step="TERM", pids=sorted(p.pid for p in tracker.alive()),
+             time=time.time())
+        container.stop(box["runtime"], box["name"], grace)  # what it left is verified below
+        _wait_dead(tracker, time.monotonic() + 5)
+    else:
+        termed = _signal_members(tracker, exclude, signal.SIGTERM)
+        # a stopped process (SIGSTOP, a debugger's hold) acts on its TERM only once continued
+        _signal_members(tracker, exclude, signal.SIGCONT)
+        emit("kill_step", step="TERM", pids=termed, time=time.time())
+        _wait_dead(tracker, time.monotonic() + grace)
 
     tracker.scan()  # members that appeared during the grace
     ever |= set(tracker.procs)
@@ -62,13 +70,29 @@ def cmd_kill(spec: dict) -> int:
                and time.monotonic() < deadline):
             time.sleep(0.02)
     me = os.getpid()  # a member itself when run from inside the run; gone in a moment
-    remaining = sorted({p.pid for p in tracker.alive() if lives(p) and p.pid != me}
-                       | set(env_members(run, exclude)))
+    remaining = {p.pid for p in tracker.alive() if lives(p) and p.pid != me} \
+        | set(env_members(run, exclude))
+    if box is not None:
+        remaining |= _container_left(box)
+    remaining = sorted(remaining)
     tracker.close()
     released, holders = _gpu_release(ever, time.monotonic() + min(10.0, grace + 2))
     emit("killed", remaining=remaining, gpu_released=released, gpu_holders=holders,
          time=time.time())
     return 0
+
+
+def _container_left(box: dict) -> set[int]:
+    """The container's main process while the runtime says it still runs (never "nothing
+    remains" while it is up); an ended container is removed, its exit read already."""
+    st = container.state(box["runtime"], box["name"])
+    if st is None:
+        return set()
+    if st.get("Running") or st.get("Status") in ("running", "paused", "restarting"):
+        pid = st.get("Pid")
+        return {pid if isinstance(pid, int) and pid > 0 else -1}
+    container.remove(box["runtime"], box["name"])
+    return set()
 
 
 def _signal_members(tracker: Tracker, exclude: set[int], sig: int) -> list[int]:

@@ -12,6 +12,7 @@ import sys
 import time
 import traceback
 
+from . import container
 from .procfs import read_stat
 from .redaction import redact, secret_hashes
 from .rundir import ENV_KEY, read_json, write_json_atomic
@@ -29,6 +30,8 @@ def cmd_launch(spec: dict) -> int:
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise SpecError("spec 'env' must map strings to strings")
     secrets = spec_strings(spec, "redact")
+    box_spec = spec_value(spec, "container", dict, None)
+    box = container.Box(box_spec) if box_spec is not None else None
     cwd = spec_value(spec, "cwd", str, None)
     cwd = os.path.abspath(os.path.expanduser(cwd)) if cwd else os.getcwd()
     runs_dir = os.path.expanduser(spec_value(spec, "runs_dir", str))
@@ -49,6 +52,7 @@ def cmd_launch(spec: dict) -> int:
             "argv": [redact(a, secrets) for a in argv], "env_names": sorted(env),
             "cwd": redact(cwd, secrets), "started": time.time(), "agent_version": AGENT_VERSION,
             "secret_hashes": secret_hashes(secrets), "served": spec.get("served"),
+            "container": box.record() if box is not None else None,
         })
         log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     except OSError as exc:  # a full disk: no half-made run is left behind
@@ -67,7 +71,7 @@ def cmd_launch(spec: dict) -> int:
     if child == 0:  # the monitor-to-be; it never returns into the agent
         status = 0
         try:
-            _become_monitor(run_dir, log_fd, argv, server_env, cwd)
+            _become_monitor(run_dir, log_fd, argv, server_env, cwd, box)
         except BaseException:
             traceback.print_exc()  # fd 2 is server.log by then, or still the agent's stderr
             status = 1
@@ -93,8 +97,10 @@ def _runs_dir_fix(exc: OSError) -> str:
     return "set host.runs_dir to a directory you can write"
 
 
-def _become_monitor(run_dir: str, log_fd: int, argv: list[str], env: dict, cwd: str) -> None:
-    """Detach (new session, second fork), start the server, wait for it, write exit.json.
+def _become_monitor(run_dir: str, log_fd: int, argv: list[str], env: dict, cwd: str,
+                    box: container.Box | None = None) -> None:
+    """Detach (new session, second fork), start the server (or its container), wait for it,
+    write exit.json.
 
     The monitor's own fds 0-2 go to /dev/null and server.log, and every other fd is closed,
     so it never holds the agent's stdout pipe: an SSH exec returns as soon as the agent exits.
@@ -114,6 +120,9 @@ def _become_monitor(run_dir: str, log_fd: int, argv: list[str], env: dict, cwd: 
     group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     pid_path = os.path.join(run_dir, "pid")
     exit_path = os.path.join(run_dir, "exit.json")
+    if box is not None:
+        _monitor_container(box, run_dir, argv, env, pid_path, exit_path)
+        return
     try:
         server = subprocess.Popen(argv, stdin=0, stdout=1, stderr=2, env=env, cwd=cwd, **group)
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
@@ -132,4 +141,50 @@ def _become_monitor(run_dir: str, log_fd: int, argv: list[str], env: dict, cwd: 
     write_json_atomic(exit_path, {
         "pid": server.pid, "code": rc if rc >= 0 else None, "signal": -rc if rc < 0 else None,
         "time": time.time(),
+    })
+
+
+def _monitor_container(box: container.Box, run_dir: str, argv: list[str], env: dict,
+                       pid_path: str, exit_path: str) -> None:
+    """`docker run -d` (the client takes the `-e NAME` values from `env`), record the
+    container's main process's host pid as the run's top, `docker wait`, then write exit.json
+    with the exit code and whether the container's memory limit killed it (OOMKilled)."""
+    def failed(message: str) -> None:
+        os.write(2, (f"specconsole: {message}\n").encode("utf-8", "replace"))
+        write_json_atomic(exit_path, {"pid": None, "code": 127, "signal": None,
+                                      "time": time.time(), "error": message,
+                                      "container": box.name})
+        write_json_atomic(pid_path, {"pid": None, "pgid": None, "monitor_pid": os.getpid()})
+
+    try:
+        container.remove_ended(box)
+        inner = (container.image_entrypoint(box) + box.command if box.entrypoint == "image"
+                 else argv)
+        started = container.cli(box.runtime, *container.run_argv(box, run_dir, inner)[1:],
+                                env=env)
+    except AgentFailure as exc:
+        failed(str(exc))
+        return
+    if started.returncode != 0:
+        failed(f"cannot start the container: {started.stderr.strip() or started.stdout.strip()}")
+        return
+    st = container.state(box.runtime, box.name) or {}
+    pid = st.get("Pid") if isinstance(st.get("Pid"), int) and st.get("Pid") > 0 else None
+    stat = read_stat(pid) if pid is not None else None
+    if pid is None or stat is None:
+        failed(f"the container ended as it started (exit code {st.get('ExitCode')}, "
+               f"{st.get('Error') or 'see server.log'}); `{box.runtime} logs {box.name}` "
+               "has what it printed before its command ran")
+        return
+    write_json_atomic(pid_path, {
+        "pid": pid, "pgid": stat.pgid, "monitor_pid": os.getpid(), "sid": stat.sid,
+        "start_ticks": stat.start_ticks, "container": box.name,
+    })
+    code = container.wait(box.runtime, box.name)
+    final = container.state(box.runtime, box.name) or {}
+    if code is None and isinstance(final.get("ExitCode"), int):
+        code = final["ExitCode"]
+    write_json_atomic(exit_path, {
+        "pid": pid, "code": code, "signal": None, "time": time.time(),
+        "oom_killed": final.get("OOMKilled") is True, "container": box.name,
     })

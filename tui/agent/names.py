@@ -28,6 +28,10 @@ _RAY_SCRIPTS = (("ray/_private/log_monitor.py", "log_monitor"),
 _RAY_BINARIES = ("gcs_server", "raylet", "plasma_store", "redis-server")
 
 
+# a container's init (`docker run --init`, podman's): the server is its child, never itself
+CONTAINER_INITS = ("docker-init", "tini", "catatonit")
+
+
 def vllm_name(argv: list[str] | None, comm: str, top: bool) -> str:
     """The name vLLM gives a process: its title `VLLM::EngineCore_DP0` -> "EngineCore_DP0";
     SGLang's likewise (`sglang::scheduler_TP3` -> "scheduler_TP3"), its launcher "SGLangServer";
@@ -42,6 +46,8 @@ def vllm_name(argv: list[str] | None, comm: str, top: bool) -> str:
             return rest[0].split(".")[0] if rest else engine
         if comm.startswith(title):
             return comm[len(title):] or engine
+    if comm in CONTAINER_INITS or os.path.basename(first) in CONTAINER_INITS:
+        return comm
     found = ray_name(argv, first)
     if found is not None:
         return found

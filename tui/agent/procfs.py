@@ -64,6 +64,22 @@ def read_cmdline(pid: int) -> list[str] | None:
     return [p.decode("utf-8", "replace") for p in parts]
 
 
+def read_nspid(pid: int) -> int | None:
+    """The process's pid in its own (innermost) pid namespace, from `NSpid:` in
+    /proc/<pid>/status: what a containerised engine prints (`(Worker_TP3 pid=11)`); None for
+    a process in the host's namespace, or gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb", buffering=0) as f:
+            data = f.read()
+    except OSError:
+        return None
+    at = data.find(b"\nNSpid:")
+    if at < 0:
+        return None
+    ids = data[at + 7:data.find(b"\n", at + 1)].split()
+    return int(ids[-1]) if len(ids) > 1 else None
+
+
 def read_environ(pid: int) -> bytes | None:
     try:
         with open(f"/proc/{pid}/environ", "rb", buffering=0) as f:

@@ -82,6 +82,13 @@ class Run:
     def monitor_pid(self) -> int | None:
         return self._int("monitor_pid")
 
+    @property
+    def container(self) -> dict | None:
+        """{runtime, name, image} of a containerised run (see container.Box.record)."""
+        box = self.launch.get("container")
+        return box if isinstance(box, dict) and isinstance(box.get("name"), str) \
+            and box.get("runtime") in ("docker", "podman") else None
+
     def exit_info(self) -> dict | None:
         return read_json(self.exit_path)
 

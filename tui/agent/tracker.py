@@ -10,7 +10,7 @@ import os
 import select
 import time
 
-from .names import vllm_name
+from .names import CONTAINER_INITS, vllm_name
 from .procfs import (
     CLK_TCK,
     STATES,
@@ -20,6 +20,7 @@ from .procfs import (
     list_pids,
     read_cmdline,
     read_environ,
+    read_nspid,
     read_stat,
 )
 from .redaction import redact
@@ -31,17 +32,21 @@ MAX_CMD = 8192  # the most characters of a command line we report
 class Proc:
     """One process of the run; its pidfd turns readable when it exits."""
 
-    __slots__ = ("alive", "argv", "children_fd", "comm", "cpu_prev", "name", "pgid", "pid",
-                 "pidfd", "ppid", "start_ticks", "state", "top")
+    __slots__ = ("alive", "argv", "children_fd", "comm", "cpid", "cpu_prev", "name", "pgid",
+                 "pid", "pidfd", "ppid", "server", "start_ticks", "state", "top")
 
-    def __init__(self, pid: int, st: Stat, top: bool) -> None:
+    def __init__(self, pid: int, st: Stat, top: bool, server: bool | None = None) -> None:
+        """server: named as the run's server (the top, or the command a container's init
+        runs); None: as top."""
         self.pid = pid
         self.top = top
+        self.server = top if server is None else server
         self.start_ticks = st.start_ticks
         self.ppid, self.pgid, self.comm = st.ppid, st.pgid, st.comm
         self.state = "zombie" if st.state == "Z" else "dead" if st.dead else "running"
         self.argv = read_cmdline(pid)
-        self.name = vllm_name(self.argv, st.comm, top)
+        self.cpid = read_nspid(pid)  # its pid inside a container, which its log lines print
+        self.name = vllm_name(self.argv, st.comm, self.server)
         self.pidfd: int | None = None
         self.children_fd: int | None = None  # its children file, open while it is young
         self.alive = not st.dead
@@ -181,7 +186,9 @@ class Tracker:
         return st.sid == self.run.sid if self.run.sid is not None else self.group_is_ours()
 
     def _adopt(self, pid: int, st: Stat, top: bool) -> Proc:
-        proc = Proc(pid, st, top)
+        parent = self.procs.get(st.ppid)
+        proc = Proc(pid, st, top, server=top or (parent is not None and parent.top
+                                                  and parent.comm in CONTAINER_INITS))
         self.procs[pid] = proc
         if not proc.alive or not self.use_pidfd:
             return proc
@@ -216,7 +223,7 @@ class Tracker:
                 proc.comm = st.comm   # only its comm, so the name comes from that, unless
                 first = proc.argv[0] if proc.argv else ""  # it is the title we read, cut short
                 if not first.startswith(st.comm):
-                    proc.name = vllm_name(None, st.comm, proc.top)
+                    proc.name = vllm_name(None, st.comm, proc.server)
         else:
             proc.state = "dead"
         self.gone.add((proc.pid, proc.start_ticks))
@@ -229,8 +236,11 @@ class Tracker:
             os.close(proc.children_fd)
             proc.children_fd = None
         proc.alive = False
-        return {"pid": proc.pid, "name": proc.name, "code": code, "signal": sig,
-                "time": time.time(), "top": proc.top}
+        event = {"pid": proc.pid, "name": proc.name, "code": code, "signal": sig,
+                 "time": time.time(), "top": proc.top}
+        if proc.cpid is not None:
+            event["cpid"] = proc.cpid
+        return event
 
     def snapshot(self, now: float, secrets: list[str]) -> list[dict]:
         """procs message body: live processes, and each dead one once (alive false)."""
@@ -241,7 +251,7 @@ class Tracker:
                 if st.comm != p.comm or p.name == "mp-spawn":  # exec, or a title set since
                     p.comm = st.comm
                     p.argv = read_cmdline(pid) or p.argv
-                    p.name = vllm_name(p.argv, st.comm, p.top)
+                    p.name = vllm_name(p.argv, st.comm, p.server)
                 cpu = None
                 if p.cpu_prev is not None and now > p.cpu_prev[1]:
                     cpu = round((st.cpu_ticks - p.cpu_prev[0]) / CLK_TCK
@@ -256,10 +266,13 @@ class Tracker:
 
     def _row(self, p: Proc, cpu: float | None, rss: int | None, secrets: list[str]) -> dict:
         cmd = " ".join(p.argv or [])[:MAX_CMD]
-        return {"pid": p.pid, "ppid": p.ppid, "name": redact(p.name, secrets),
-                "cmd": redact(cmd, secrets),
-                "state": p.state, "cpu": cpu, "rss": rss,
-                "started": round(self.boot + p.start_ticks / CLK_TCK, 2), "alive": p.alive}
+        row = {"pid": p.pid, "ppid": p.ppid, "name": redact(p.name, secrets),
+               "cmd": redact(cmd, secrets),
+               "state": p.state, "cpu": cpu, "rss": rss,
+               "started": round(self.boot + p.start_ticks / CLK_TCK, 2), "alive": p.alive}
+        if p.cpid is not None:
+            row["cpid"] = p.cpid
+        return row
 
     def close(self) -> None:
         for fd in list(self.by_fd):

@@ -203,7 +203,8 @@ class Watcher:
             self.exit_due = False
             self.tail.pump()
             emit("run_exit", pid=info.get("pid"), code=info.get("code"),
-                 signal=info.get("signal"), time=info.get("time"))
+                 signal=info.get("signal"), time=info.get("time"),
+                 oom_killed=info.get("oom_killed") is True, container=info.get("container"))
 
     def _tail(self) -> bool:
         if self.run_exited and not self.tracker.alive():

@@ -39,7 +39,10 @@ def death_lines(death: Death) -> list[str]:
     """The DEAD headline and its root cause, as `wait` prints them and the banner shows them."""
     phase = f" while {death.phase.label}" if death.phase is not None else ""
     lines = [f"DEAD: {death.summary()}{phase}"]
-    if death.cause is not None:
+    if death.oom_killed:  # the runtime's word: the log's last error is its consequence
+        lines.append("root cause: killed by the container's memory limit (OOMKilled): raise "
+                     "its --memory in container.run_args, or load less")
+    elif death.cause is not None:
         lines += cause_lines(death.cause)
     elif death.signal in _NATIVE_CRASH:
         lines.append(f"root cause: native crash ({_signal_name(death.signal)}), no Python "

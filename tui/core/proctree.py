@@ -60,7 +60,7 @@ class ProcTree:
             known = self._procs[pid] = _Known(
                 ProcInfo(pid, None, name, name, None, None, None, None, False))
         known.info = ProcInfo(pid, known.info.ppid, known.info.name, known.info.cmd, "dead",
-                              None, None, known.info.started, False)
+                              None, None, known.info.started, False, known.info.cpid)
         if known.exit in (None, "exit ?"):
             known.exit = how
 

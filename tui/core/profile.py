@@ -37,6 +37,10 @@ ROLES = ("head", "worker")
 CLUSTER_BACKENDS = ("ray", "native")
 CLUSTER_PORTS = {"ray": 6379, "native": 29500}  # Ray's GCS port, torch's usual master port
 ON_READY_TIMEOUT = ("keep", "kill")  # what giving up on a launch does to its run
+RUNTIMES = ("docker", "podman")
+# "image": the image's ENTRYPOINT takes [server]'s arguments (`docker run vllm/vllm-openai
+# --model ...`); "command": the server command built from [server] runs in the container
+ENTRYPOINTS = ("image", "command")
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +187,22 @@ class SimulateConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ContainerConfig:
+    """The server runs in a container of `image`, started by the runtime's CLI on the host
+    (the agent stays outside it); how it is built: tui.core.container."""
+
+    image: str
+    runtime: str = "docker"
+    gpus: str | tuple[int, ...] = "all"  # "all", "none", or device indices
+    ipc: str | None = None  # "host": the host's IPC namespace (NCCL's shared memory)
+    shm_size: str | None = None  # "16g": /dev/shm's size when ipc is not "host"
+    volumes: tuple[str, ...] = ()  # "host:container[:opts]"
+    run_args: tuple[str, ...] = ()  # further `docker run` arguments, as written
+    entrypoint: str = "image"
+    python: str = "python3"  # the image's Python: runs SGLang and the simulated engine
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     path: str
     name: str  # the file stem: what runs are named after
@@ -197,6 +217,7 @@ class Profile:
     # several hosts (`[[hosts]]`, the head first; `host` is the head's) and how they cluster
     nodes: tuple[NodeConfig, ...] = ()
     cluster: ClusterConfig | None = None
+    container: ContainerConfig | None = None
 
     @property
     def key(self) -> str:
@@ -309,6 +330,9 @@ def loads_profile(text: str, path: str | Path,
             raise _Invalid("missing required key 'model' (the simulated engine needs one)",
                            ".server.model")
         _check_hosts(values)
+        if "container" in values and values.get("nodes"):
+            raise _Invalid("[container] runs on one host: several [[hosts]] are not "
+                           "supported with it yet", ".container")
     except _Invalid as e:
         key = e.sub.lstrip(".")
         shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in key)  # stays one line
@@ -458,7 +482,8 @@ def _json_value(value: Any) -> Any:
 _EXPANDED = (("host", "python"), ("host", "workdir"), ("host", "runs_dir"),
              ("server", "model"), ("server", "executable"), ("server", "env"),
              ("server", "speculative", "model"), ("preflight", "compile_files"),
-             ("simulate", "gpu_state"), ("simulate", "nvml"))
+             ("simulate", "gpu_state"), ("simulate", "nvml"), ("container", "volumes"),
+             ("container", "python"))
 
 
 def _expand(data: dict[str, Any], environ: Mapping[str, str]) -> tuple[str, ...]:
@@ -639,6 +664,38 @@ def _check_hosts(values: dict[str, Any]) -> None:
     values["host"] = head.host
 
 
+def _gpus(value: Any) -> str | tuple[int, ...]:
+    if isinstance(value, list):
+        return _list(_bounded(_int, 0))(value)
+    if isinstance(value, str) and value in ("all", "none"):
+        return value
+    raise _Invalid(f"expected \"all\", \"none\" or a list of device indices like [0, 1], "
+                   f"got {_describe(value)}")
+
+
+def _volume(value: Any) -> str:
+    parts = _str(value).split(":")
+    if not 2 <= len(parts) <= 3 or not all(parts[:2]) or not parts[1].startswith("/"):
+        raise _Invalid(f"expected \"host:container[:opts]\" with an absolute container path, "
+                       f"got {value!r}")
+    return value
+
+
+_SHM_SIZE = re.compile(r"\d+(?:[bkmg]b?)?", re.I)
+
+
+def _shm_size(value: Any) -> str:
+    if not _SHM_SIZE.fullmatch(_str(value)):
+        raise _Invalid(f"expected a size like \"16g\" or \"512m\", got {value!r}")
+    return value
+
+
+def _check_container(values: dict[str, Any]) -> None:
+    if values.get("ipc") is not None and values.get("shm_size") is not None:
+        raise _Invalid("shm_size has no effect with ipc = \"host\" (the host's /dev/shm is "
+                       "used): drop one", ".shm_size")
+
+
 def _node(value: Any) -> NodeConfig:
     values = _check_table(value, _NODE, required=("role", "target"))
     role, address = values.pop("role"), values.pop("address", None)
@@ -687,6 +744,11 @@ _SIMULATE = {
     "scenario": _one_of(SCENARIOS), "time_scale": _POSITIVE, "gpus": _bounded(_int, 1),
     "gpu_state": _str, "fault_host": _str, "nvml": _str,
 }
+_CONTAINER = {
+    "runtime": _one_of(RUNTIMES), "image": _str, "gpus": _gpus, "ipc": _one_of(("host",)),
+    "shm_size": _shm_size, "volumes": _list(_volume), "run_args": _list(_str),
+    "entrypoint": _one_of(ENTRYPOINTS), "python": _str,
+}
 _TOP = {
     "host": _section(HostConfig, _HOST, ("target",)),
     "hosts": _list(_node, nonempty=True),
@@ -698,6 +760,7 @@ _TOP = {
     "alerts": _section(AlertsConfig, _ALERTS),
     "smoke": _section(SmokeConfig, _SMOKE),
     "simulate": _section(SimulateConfig, _SIMULATE),
+    "container": _section(ContainerConfig, _CONTAINER, ("image",), post=_check_container),
 }
 
 

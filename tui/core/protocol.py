@@ -78,6 +78,7 @@ class ProcInfo:
     rss: int | None
     started: float | None
     alive: bool
+    cpid: int | None = None  # its pid inside a container (what the engine's log prints)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +133,7 @@ class ProcExit:
     signal: int | None
     time: float
     top: bool
+    cpid: int | None = None  # its pid inside a container
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +142,8 @@ class RunExit:
     code: int | None
     signal: int | None
     time: float
+    oom_killed: bool = False  # the container's memory limit killed it (the runtime says)
+    container: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +308,12 @@ AgentEvent = (Hello | Secrets | Procs | Gpus | LogChunk | LogSkipped | ProcExit 
 def _proc(d: dict[str, Any]) -> ProcInfo:
     return ProcInfo(pid=int(d["pid"]), ppid=d.get("ppid"), name=str(d.get("name") or "?"),
                     cmd=str(d.get("cmd") or ""), state=d.get("state"), cpu=d.get("cpu"),
-                    rss=d.get("rss"), started=d.get("started"), alive=bool(d.get("alive", True)))
+                    rss=d.get("rss"), started=d.get("started"), alive=bool(d.get("alive", True)),
+                    cpid=_int_or_none(d.get("cpid")))
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _gpu(d: dict[str, Any]) -> GpuInfo:
@@ -347,9 +356,12 @@ _DECODERS: dict[str, Any] = {
     "log": lambda d: LogChunk(int(d["off"]), int(d["end"]), tuple(d.get("lines") or ())),
     "log_skipped": lambda d: LogSkipped(int(d["off"]), int(d["end"])),
     "exit": lambda d: ProcExit(int(d["pid"]), str(d.get("name") or "?"), d.get("code"),
-                               d.get("signal"), float(d["time"]), bool(d.get("top"))),
+                               d.get("signal"), float(d["time"]), bool(d.get("top")),
+                               _int_or_none(d.get("cpid"))),
     "run_exit": lambda d: RunExit(d.get("pid"), d.get("code"), d.get("signal"),
-                                  float(d.get("time") or 0.0)),
+                                  float(d.get("time") or 0.0), d.get("oom_killed") is True,
+                                  d.get("container") if isinstance(d.get("container"), str)
+                                  else None),
     "health": lambda d: Health(bool(d["ok"]), str(d.get("path", "")), d.get("status"),
                                float(d["time"])),
     "error": lambda d: AgentFault(str(d.get("kind", "error")), str(d.get("message", "")),

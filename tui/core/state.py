@@ -119,11 +119,18 @@ class Death:
     since_launch: float
     phase: Phase | None
     cause: RootCause | None
+    cpid: int | None = None  # its pid inside the container, as the log names it
+    oom_killed: bool = False  # the container's memory limit killed it (the runtime says)
 
     def summary(self) -> str:
-        how = (f"signal {self.signal}" if self.signal is not None
-               else f"exit code {self.code}" if self.code is not None else "exit code unknown")
-        return f"{self.process} (pid {self.pid}) died, {how}, {self.since_launch:.1f}s after launch"
+        how = ("was killed by the container's memory limit (OOMKilled)" if self.oom_killed
+               else f"died, signal {self.signal}" if self.signal is not None
+               else f"died, exit code {self.code}" if self.code is not None
+               else "died, exit code unknown")
+        pids = (f"pid {self.cpid} in the container" if self.cpid is not None and not self.pid
+                else f"pid {self.pid}" + (f", {self.cpid} in the container"
+                                          if self.cpid is not None else ""))
+        return f"{self.process} ({pids}) {how}, {self.since_launch:.1f}s after launch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +234,8 @@ class LaunchMachine:
     # vLLM's own names and reported exit codes, from the log: a process that died young or
     # was reaped by its parent is known to the agent only by a provisional name and no code
     log_names: dict[int, str] = field(default_factory=dict)
+    # a containerised run: each host pid's pid inside the container, which the log prints
+    container_pids: dict[int, int] = field(default_factory=dict)
     log_clock: LogClock | None = None
     engine_version: str | None = None  # from the banner, for the launch history
     ready_log_at: float | None = None  # when the log said "Application startup complete"
@@ -333,8 +342,9 @@ class LaunchMachine:
                 events.extend(self._to(State.LOADING, at))
         if self.death is not None:
             death = self.death
-            if names.get(death.pid, death.process) != death.process:  # the log names it now
-                death = replace(death, process=names[death.pid])
+            logged = self.container_pids.get(death.pid, death.pid)
+            if names.get(logged, death.process) != death.process:  # the log names it now
+                death = replace(death, process=names[logged])
             death = self._vllms_account(death)
             cause = self.diagnosis.cause()
             if cause is not None and cause != cause_before:
@@ -429,6 +439,8 @@ class LaunchMachine:
     def feed_procs(self, snap: Procs, at: float | None = None) -> list[DomainEvent]:
         for proc in snap.procs:
             self.procs[proc.pid] = proc
+            if proc.cpid is not None:
+                self.container_pids[proc.pid] = proc.cpid
         self.procwatch.feed(snap, snap.time if at is None else at)
         return []
 
@@ -436,7 +448,7 @@ class LaunchMachine:
         """The engine's name for a process: from the log's prefixes, else from its command line
         (vLLM's model-inspection child logs nothing of its own, SGLang's processes carry their
         title), else the kernel's."""
-        name = self.log_names.get(pid)
+        name = self.log_names.get(self.container_pids.get(pid, pid))
         if name is not None:
             return name
         proc = self.procs.get(pid)
@@ -460,6 +472,8 @@ class LaunchMachine:
     def feed_exit(self, ex: ProcExit, at: float) -> list[DomainEvent]:
         """A process of the run ended. The first server-process death is the run's death."""
         self.procwatch.ended(ex.pid)
+        if ex.cpid is not None:
+            self.container_pids[ex.pid] = ex.cpid
         name = self.name_of(ex.pid, ex.name)
         code, sig = _status(ex.code, ex.signal) if ex.code is not None or ex.signal is not None \
             else _status(self.reported_codes.get(name), None)
@@ -483,13 +497,14 @@ class LaunchMachine:
                     self.pending_exits.pop(next(iter(self.pending_exits)))
                 self.pending_exits[ex.pid] = ex
             return [HelperExited(ex)] if failed else []
-        self.tracker.note_death(ex.pid, ex.name)
+        cpid = self.container_pids.get(ex.pid)
+        self.tracker.note_death(ex.pid if cpid is None else cpid, ex.name)
         launched = self.launched_at if self.launched_at is not None else ex.time
         phase = (Phase.SERVING if self.state is State.READY
                  else self.timeline.current.phase if self.timeline and self.timeline.current
                  else None)
         self.death = Death(ex.pid, ex.name, ex.code, ex.signal, ex.time,
-                           max(0.0, ex.time - launched), phase, self.diagnosis.cause())
+                           max(0.0, ex.time - launched), phase, self.diagnosis.cause(), cpid)
         if self.timeline is not None:
             self.timeline.finish(at, failed=True)
         return [*self._to(State.DEAD, at), Died(self.death)]
@@ -498,12 +513,27 @@ class LaunchMachine:
         """exit.json appeared: the top process is gone (a death unless we were killing it)."""
         if self.state is State.KILLING:
             return self.stopped(at)
+        events = self._run_exit_death(ex, at)
+        if ex.oom_killed and self.death is not None and not self.death.oom_killed:
+            # the runtime's word on the container's end says more than any signal number
+            self.death = replace(self.death, oom_killed=True)
+            died = [e for e in events if isinstance(e, Died)]
+            events = ([e if not isinstance(e, Died) else Died(self.death) for e in events]
+                      if died else [*events, CauseUpdated(self.death)])
+        return events
+
+    def _run_exit_death(self, ex: RunExit, at: float) -> list[DomainEvent]:
         if self.death is None and self.reported_codes:
             # no exit event seen (attached after the fact): the log says who died first
             first = next(iter(self.reported_codes))
-            pid = next((p for p, n in self.log_names.items() if n == first), 0)
-            return self.feed_exit(ProcExit(pid, first, self.reported_codes[first], None,
-                                           ex.time, False), at)
+            logged = next((p for p, n in self.log_names.items() if n == first), 0)
+            host = {c: h for h, c in self.container_pids.items()}
+            if ex.container is not None and logged not in host:  # gone before we looked
+                return self.feed_exit(ProcExit(0, first, self.reported_codes[first], None,
+                                               ex.time, False, logged), at)
+            return self.feed_exit(ProcExit(host.get(logged, logged), first,
+                                           self.reported_codes[first], None, ex.time, False),
+                                  at)
         pid = ex.pid if ex.pid is not None else (self.top_pid or 0)
         name = self.procs[pid].name if pid in self.procs else top_name(self.engine)
         return self.feed_exit(ProcExit(pid, name, ex.code, ex.signal, ex.time, True), at)

@@ -24,6 +24,7 @@ from tui.core.command import (
     served_by,
     sim_agent_env,
 )
+from tui.core.container import container_spec
 from tui.core.errors import AgentError
 from tui.core.profile import Profile
 from tui.core.protocol import (
@@ -60,6 +61,9 @@ class LaunchPlan:
     argv: list[str]
     env: dict[str, str]
     secrets: tuple[str, ...]
+    # [container]: how the agent starts it (tui.core.container.container_spec); argv then is
+    # the server's command inside the container
+    container: dict[str, Any] | None = None
 
 
 def plan_launch(profile: Profile, environ: Mapping[str, str],
@@ -68,16 +72,18 @@ def plan_launch(profile: Profile, environ: Mapping[str, str],
     env = {"PYTHONUNBUFFERED": "1", **profile.server.env, **secrets}
     if SIM_GPU_STATE_ENV in (sim := sim_agent_env(profile, environ)):
         env[SIM_GPU_STATE_ENV] = sim[SIM_GPU_STATE_ENV]
-    return LaunchPlan(new_run_id(profile.name, now if now is not None else time.time()),
-                      build_server_argv(profile, host_python(profile)), env,
-                      known_secrets(profile, environ))
+    run_id = new_run_id(profile.name, now if now is not None else time.time())
+    box = profile.container
+    argv = build_server_argv(profile, box.python if box is not None else host_python(profile))
+    container = None if box is None else container_spec(profile, run_id, argv, env)
+    return LaunchPlan(run_id, argv, env, known_secrets(profile, environ), container)
 
 
 async def launch(session: Session, profile: Profile, plan: LaunchPlan) -> Launched:
     spec = {"run_id": plan.run_id, "runs_dir": profile.host.runs_dir,
             "profile_key": profile.key, "argv": plan.argv, "env": plan.env,
             "redact": list(plan.secrets), "cwd": profile.host.workdir,
-            "served": served_by(profile).to_wire()}
+            "served": served_by(profile).to_wire(), "container": plan.container}
     for ev in await call_agent(session, agent_target(profile), "launch", spec):
         if isinstance(ev, Launched):
             return ev

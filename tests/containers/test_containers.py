@@ -1,0 +1,182 @@
+"""The container lane: the simulated engine INSIDE a docker container of the lane's image,
+launched, supervised and killed by specconsole through the real docker daemon; each test
+asserts what the bare launch asserts, and the lane measures both side by side."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from helpers import carriers, next_event, sim_profile
+
+from containers.conftest import ROOT, container_profile, containers_of, record_figure
+from tui.core.profile import load_profile
+from tui.core.state import CauseUpdated, Died, Ready, State
+from tui.supervise.supervisor import Supervisor
+
+DEAD_WORKER = re.compile(r"DEAD: (Worker_TP\d) \(pid (\d+), (\d+) in the container\) died")
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tui", *args], cwd=ROOT, text=True,
+                          capture_output=True, timeout=timeout, env=dict(os.environ))
+
+
+def _run_id(stdout: str) -> str:
+    return re.search(r"launched run (\S+)", stdout).group(1)
+
+
+def _seconds_to(stdout: str, marker: str) -> float:
+    """The `[   6.3s]` stamp of the first line holding `marker`, less the launch line's."""
+    stamps = [(float(m.group(1)), line) for line in stdout.splitlines()
+              if (m := re.match(r"\[\s*([\d.]+)s\]", line))]
+    launched = next(t for t, line in stamps if "launched run" in line)
+    return next(t for t, line in stamps if marker in line) - launched
+
+
+def _inspect(run_id: str) -> dict:
+    (cid,) = containers_of(run_id)
+    return json.loads(subprocess.run(["docker", "inspect", "-f", "{{json .State}}", cid],
+                                     capture_output=True, text=True, check=True).stdout)
+
+
+def test_ready_then_kill_leaves_no_container_and_no_process(tmp_path: Path, image: str,
+                                                            remove_containers, cleanup) -> None:
+    profile = container_profile(tmp_path, "ready")  # entrypoint = "image": the image's own
+    result = _cli("wait", str(profile), "--launch", "--timeout", "60s")
+    run_id = _run_id(result.stdout)
+    remove_containers.append(run_id)
+    cleanup.append(run_id)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "READY after" in result.stdout
+    phases = [line.split("phase: ", 1)[1].split(" (at")[0] for line in result.stdout.splitlines()
+              if "phase: " in line]
+    assert phases[:3] == ["launching", "reading config", "loading weights"]
+    state = _inspect(run_id)
+    assert state["Running"] and carriers(run_id), "the server must outlive `wait`"
+    assert state["Pid"] in carriers(run_id)  # the container's processes are the run's
+    status = _cli("status", str(profile))
+    assert run_id in status.stdout and "alive" in status.stdout
+    started = time.monotonic()
+    killed = _cli("kill", str(profile), "--grace", "5")
+    record_figure("kill (grace 5 s) in the container", f"{time.monotonic() - started:.1f} s")
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    assert "no process of the run remains" in killed.stdout
+    assert containers_of(run_id) == [] and carriers(run_id) == []
+
+    bare = _cli("wait", str(sim_profile(tmp_path, "ready", name="bare")), "--launch",
+                "--timeout", "60s")
+    cleanup.append(_run_id(bare.stdout))
+    assert bare.returncode == 0, bare.stdout + bare.stderr
+    _cli("kill", str(tmp_path / "bare.toml"), "--grace", "5")
+    record_figure("launch -> READY, container / bare (sim, time scale 300)",
+                  f"{_seconds_to(result.stdout, 'READY after'):.1f} s / "
+                  f"{_seconds_to(bare.stdout, 'READY after'):.1f} s")
+
+
+def test_story_dead_names_the_worker_with_both_pids(tmp_path: Path, image: str,
+                                                   remove_containers, cleanup) -> None:
+    profile = container_profile(tmp_path, "syntax-error", time_scale=75, entrypoint="command")
+    result = _cli("wait", str(profile), "--launch", "--timeout", "60s")
+    run_id = _run_id(result.stdout)
+    remove_containers.append(run_id)
+    cleanup.append(run_id)
+    assert result.returncode == 3, result.stdout + result.stderr
+    dead = DEAD_WORKER.search(result.stdout)
+    assert dead is not None and "exit code 1" in result.stdout, result.stdout
+    assert int(dead.group(2)) != int(dead.group(3))  # a host pid and a container pid
+    cause = next(line for line in result.stdout.splitlines() if "root cause" in line)
+    assert "SyntaxError" in cause and "kimi_k25_patched.py, line 15" in cause
+    assert "Engine core initialization failed" not in cause
+    state = _inspect(run_id)  # kept, with its exit, until the profile's next launch
+    assert not state["Running"] and state["ExitCode"] != 0
+    relaunched = _cli("wait", str(profile), "--launch", "--timeout", "60s")
+    remove_containers.append(_run_id(relaunched.stdout))
+    assert containers_of(run_id) == [], "the next launch removes the ended container"
+
+    bare = _cli("wait", str(sim_profile(tmp_path, "syntax-error", time_scale=75, name="bare")),
+                "--launch", "--timeout", "60s")
+    cleanup.append(_run_id(bare.stdout))
+    assert bare.returncode == 3
+    record_figure("launch -> DEAD (the story), container / bare",
+                  f"{_seconds_to(result.stdout, 'DEAD:'):.1f} s / "
+                  f"{_seconds_to(bare.stdout, 'DEAD:'):.1f} s")
+
+
+def _worker(run_id: str, name: str) -> int:
+    for pid in carriers(run_id):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if argv.startswith(f"VLLM::{name}".encode()):
+            return pid
+    raise AssertionError(f"no {name} among {carriers(run_id)}")
+
+
+async def _sigkill_worker(profile: Path) -> tuple[Supervisor, Died, float]:
+    """Launch, wait for READY, SIGKILL Worker_TP3 from the host: the Died event and how long
+    after the kill it came."""
+    sup = Supervisor(load_profile(profile))
+    events = sup.subscribe()
+    await sup.launch(skip_preflight=True)
+    await next_event(events, Ready)
+    pid = _worker(sup.run.run_id, "Worker_TP3")
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    died = await next_event(events, Died)
+    return sup, died, time.monotonic() - killed_at
+
+
+async def test_worker_sigkilled_from_the_host_while_serving_is_dead(
+        tmp_path: Path, image: str, remove_containers, cleanup) -> None:
+    box, died, box_s = await _sigkill_worker(container_profile(tmp_path, "ready"))
+    remove_containers.append(box.run.run_id)
+    cleanup.append(box.run.run_id)
+    try:
+        assert box.machine.state is State.DEAD
+        assert died.death.process == "Worker_TP3" and died.death.signal == 9
+        assert died.death.cpid is not None and died.death.cpid != died.death.pid
+        assert f"{died.death.cpid} in the container" in died.death.summary()
+    finally:
+        await box.kill(2.0)
+        await box.close()
+    assert containers_of(box.run.run_id) == [] and carriers(box.run.run_id) == []
+    bare, bare_died, bare_s = await _sigkill_worker(sim_profile(tmp_path, "ready", name="bare"))
+    cleanup.append(bare.run.run_id)
+    try:
+        assert bare_died.death.process == "Worker_TP3" and bare_died.death.signal == 9
+    finally:
+        await bare.kill(2.0)
+        await bare.close()
+    record_figure("worker SIGKILL -> DEAD event, container / bare",
+                  f"{box_s * 1000:.1f} ms / {bare_s * 1000:.1f} ms")
+
+
+async def test_container_memory_limit_is_dead_said_as_oomkilled(
+        tmp_path: Path, image: str, remove_containers, cleanup) -> None:
+    # 64 MiB, no swap: the simulated engine's processes outgrow it while they start
+    profile = container_profile(tmp_path, "ready", name="oom",
+                                run_args=("--memory", "64m", "--memory-swap", "64m"))
+    sup = Supervisor(load_profile(profile))
+    events = sup.subscribe()
+    try:
+        await sup.launch(skip_preflight=True)
+        remove_containers.append(sup.run.run_id)
+        cleanup.append(sup.run.run_id)
+        died = await next_event(events, Died)
+        death = died.death
+        while not death.oom_killed:  # said at the death, or when the container's end is read
+            death = (await next_event(events, CauseUpdated)).death
+        assert "killed by the container's memory limit (OOMKilled)" in death.summary()
+        assert _inspect(sup.run.run_id)["OOMKilled"] is True
+    finally:
+        await sup.kill(2.0)
+        await sup.close()
+    assert carriers(sup.run.run_id) == []
