@@ -400,3 +400,17 @@ def test_wait_timeout_overrides_ready_timeout(tmp_path: Path, cleanup, ready_tim
     assert result.returncode == code, result.stdout + result.stderr
     assert said in result.stdout, result.stdout
     assert carriers(run_id), "giving up (or READY) leaves the server running"
+
+
+def test_wait_until_dead_watches_past_ready_to_the_death_while_serving(tmp_path: Path,
+                                                                       cleanup) -> None:
+    """`wait --until dead`: READY is a line, not the end; the engine core killed while serving
+    is (exit 3), named with its cause, as a script or an alert needs it."""
+    profile = sim_profile(tmp_path, "engine-killed", time_scale=300)
+    result = _cli("wait", "--launch", "--until", "dead", str(profile), timeout=120)
+    cleanup.append(_run_id(result.stdout))
+    assert result.returncode == 3, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    ready = next(i for i, line in enumerate(lines) if "READY after" in line)
+    dead = next(i for i, line in enumerate(lines) if "DEAD" in line)
+    assert ready < dead and "EngineCore_DP0" in lines[dead] and "while serving" in lines[dead]

@@ -177,7 +177,8 @@ class SeveralHosts:
 async def follow(target: Followed, args: argparse.Namespace, say: Say,
                  past_ready: bool = False) -> int:
     """Start the run and follow it to its verdict (the exit code); `past_ready`: keep watching
-    after READY (the demo shows a death while serving)."""
+    after READY until the run dies or stalls (`wait --until dead`; the demo shows a death while
+    serving)."""
     events = target.subscribe()
     opening = target.opening(args.launch)
     if opening:

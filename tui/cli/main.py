@@ -104,12 +104,14 @@ async def cmd_wait(args: argparse.Namespace) -> int:
     if is_cluster(profile):
         group = ClusterRun(profile, history=History())
         try:
-            return await follow(SeveralHosts(group), args, _Printer(args.json).say)
+            return await follow(SeveralHosts(group), args, _Printer(args.json).say,
+                                past_ready=args.until == "dead")
         finally:
             await group.close()
     sup = Supervisor(profile, history=History())
     try:
-        return await follow(OneHost(sup), args, _Printer(args.json).say)
+        return await follow(OneHost(sup), args, _Printer(args.json).say,
+                            past_ready=args.until == "dead")
     except PreflightFailed as exc:
         raise _refused(sup, exc) from None
     finally:
@@ -553,7 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
              cmd_wait)
     sp.add_argument("profile")
     sp.add_argument("--launch", action="store_true", help="launch when no run is alive")
-    sp.add_argument("--until", choices=["ready"], default="ready", help="what to wait for")
+    sp.add_argument("--until", choices=["ready", "dead"], default="ready",
+                    help="ready: exit at READY (0); dead: watch on past READY until the run "
+                         "dies (3) or stalls (5), for scripts and alerts")
     sp.add_argument("--timeout", type=_duration_arg, default=None,
                     help="give up after this long (in place of expect.ready_timeout), e.g. 40m")
     sp.add_argument("--json", action="store_true", help="one JSON object per line")
