@@ -43,10 +43,7 @@ async def test_engine_killed_while_serving_is_dead_although_vllm_exits_0(tmp_pat
         assert sup.machine.state is State.DEAD
         run_dir = Path(sup.run.run_dir)
         exit_json = run_dir / "exit.json"
-        for _ in range(200):
-            if exit_json.exists():
-                break
-            await asyncio.sleep(0.05)
+        await async_wait_for(exit_json.exists, 60, "the monitor's exit.json")
         assert json.loads(exit_json.read_text())["code"] == 0  # the API server's code lies
         assert sup.machine.state is State.DEAD and sup.machine.death.process == "EngineCore_DP0"
     finally:
