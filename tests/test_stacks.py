@@ -125,7 +125,9 @@ def test_a_real_py_spy_dump_reads_as_frames_with_the_engines_marked(tmp_path: Pa
 # -- the whole way: a frozen worker of the simulated engine, locally and over SSH -------------
 
 def _worker(sup: Supervisor, name: str) -> int | None:
-    return next((pid for pid, n in sup.machine.names().items() if n == name), None)
+    """The pid of the process `name` once it has logged (its own code runs: frozen during the
+    interpreter's start-up, its stack would rightly say site.py)."""
+    return next((pid for pid, n in sup.machine.log_names.items() if n == name), None)
 
 
 @pytest.mark.parametrize("over", ["local", "ssh"])

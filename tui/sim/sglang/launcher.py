@@ -245,8 +245,8 @@ class Launcher:
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=10) as reply:
             reply.read()
+        self.log.line(lines.READY)  # said before /health answers 200, never after
         self.state.starting = False
-        self.log.line(lines.READY)
 
     def _child_failed(self) -> None:
         """SIGQUIT: say so, let the failing child speak and exit (see scheduler.py), then
