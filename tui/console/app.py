@@ -549,7 +549,7 @@ class ConsoleApp(App[str]):
                           + (f" of {w.member.host}" if len(offers) > 1 else "")
                           for w, holders in offers for h in holders)
         hosts = ", ".join(w.member.host for w, _ in offers)
-        self._confirm(f"Kill {count} leftover process(es) on {hosts}, then launch?",
+        self._confirm(f"Kill {count} leftover(s) on {hosts}, then launch?",
                       f"{named}. Each is signalled only if it is still the process preflight "
                       f"saw and still holds GPU memory: TERM, KILL after {self.kill_grace:g}s, "
                       "then check it is gone and its GPU memory released; then preflight and "

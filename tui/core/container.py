@@ -139,7 +139,7 @@ def shm_check(config: ContainerConfig) -> Check:
     what = (f"shm_size = \"{size}\" is under {MIN_SHM_BYTES // 2**30} GiB" if size is not None
             else "neither ipc = \"host\" nor shm_size is set: docker's /dev/shm is 64 MiB")
     return Check(SHM_CHECK, False, "warning",
-                 f"{what}; NCCL's `unhandled system error` and bus errors follow — set "
+                 f"{what}: NCCL's `unhandled system error` and bus errors are likely — set "
                  "container.ipc = \"host\" or container.shm_size = \"16g\"")
 
 
