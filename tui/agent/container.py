@@ -18,6 +18,7 @@ from .rundir import ENV_KEY
 from .wire import AgentFailure, SpecError, spec_strings, spec_value
 
 CLI_TIMEOUT = 60.0  # seconds for one quick runtime call (inspect, ps, rm)
+PULLING = "pulling"  # in the run directory while the monitor pulls the image
 
 
 class Box:
@@ -34,6 +35,7 @@ class Box:
         self.command = spec_strings(spec, "command")
         self.profile_label = spec_value(spec, "profile_label", str)
         self.mount = spec_value(spec, "mount", str, "/run/specconsole")
+        self.pull = spec_value(spec, "pull", str, "missing")
 
     def record(self) -> dict:
         """What launch.json keeps: enough for watch and kill to find the container again."""
@@ -68,6 +70,35 @@ def remove_ended(box: Box) -> list[str]:
     if found:
         cli(box.runtime, "rm", *found)
     return found
+
+
+def pull_if_absent(box: Box, run_dir: str) -> None:
+    """`<runtime> pull IMAGE` when the image is not on the host (unless container.pull is
+    "never"), its progress appended to server.log (the monitor's stdout and stderr); the launch
+    waits while the PULLING marker is in the run directory."""
+    if cli(box.runtime, "image", "inspect", "-f", "{{.Id}}", box.image).returncode == 0:
+        return
+    if box.pull == "never":
+        raise AgentFailure("container", f"image {box.image} is not on this host and "
+                           "container.pull = \"never\"")
+    marker = os.path.join(run_dir, PULLING)
+    with open(marker, "w"):
+        pass
+    try:
+        os.write(2, f"specconsole: image {box.image} is not on this host: "
+                    f"{box.runtime} pull {box.image}\n".encode())
+        done = subprocess.run([box.runtime, "pull", box.image], stdin=subprocess.DEVNULL,
+                              stdout=1, stderr=subprocess.PIPE, text=True, env=client_env())
+    except FileNotFoundError:
+        raise AgentFailure("container", f"{box.runtime} is not installed on this host") \
+            from None
+    finally:
+        os.unlink(marker)
+    os.write(2, done.stderr.encode())
+    if done.returncode != 0:
+        said = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        raise AgentFailure("container", f"cannot pull image {box.image}: "
+                           f"{said[-1] if said else f'exit code {done.returncode}'}")
 
 
 def image_entrypoint(box: Box) -> list[str]:

@@ -9,8 +9,17 @@ import signal
 import time
 
 from . import container
+from .boxcheck import LABEL_RUN
 from .nvml import Gpus
-from .procfs import alive, ancestors, pgid_of, pidfd_supported, read_environ, read_stat
+from .procfs import (
+    alive,
+    ancestors,
+    list_pids,
+    pgid_of,
+    pidfd_supported,
+    read_environ,
+    read_stat,
+)
 from .rundir import Run
 from .tracker import Proc, Tracker, env_members, lives
 from .wire import AgentFailure, SpecError, emit, spec_value
@@ -178,13 +187,15 @@ def _gpu_release(pids: set[int], deadline: float) -> tuple[bool | None, list[dic
 
 
 def cmd_kill_pids(spec: dict) -> int:
-    """Kill GPU holders the preflight named (leftovers of ended runs), and nothing else.
+    """Kill GPU holders the preflight named (leftovers of ended runs), and leftover containers
+    (`containers`: each stopped and removed by id), and nothing else.
 
     Each target is (pid, start_ticks) as the preflight saw it.  Right before TERM, a target must
     still be that very process (a pidfd opened, then its start time compared) and still hold GPU
     memory (NVML); once TERMed, the escalation follows it by its pidfd, so a recycled pid is
-    never hit.  Then KILL after the grace, and verify: which remain, whether their GPU memory
-    was released.  Without NVML nothing can be verified, so nothing is signalled.
+    never hit.  A container is stopped only while it still carries the run id the preflight
+    saw.  Then KILL after the grace, and verify: which remain, whether their GPU memory was
+    released.  Without NVML no pid can be verified, so none is signalled.
     """
     grace = float(spec_value(spec, "grace", (int, float), 10.0))
     wanted = []
@@ -194,12 +205,13 @@ def cmd_kill_pids(spec: dict) -> int:
         if not (isinstance(pid, int) and isinstance(ticks, int)) or pid <= 1:
             raise SpecError("each target needs an int pid (> 1) and start_ticks")
         wanted.append((pid, ticks))
+    boxes = _leftover_boxes(spec_value(spec, "containers", list, []) or [])
     gpus = Gpus()
-    if not gpus.ok:
+    if not gpus.ok and (wanted or not boxes):
         raise AgentFailure("nvml", f"cannot tell who holds GPU memory ({gpus.error}); "
                            "nothing was signalled")
     exclude = ancestors(os.getpid())
-    held = {h["pid"] for h in gpus.all_holders()}
+    held = {h["pid"] for h in gpus.all_holders()} if gpus.ok else set()
     live: dict[int, tuple[int | None, int]] = {}  # pid -> (pidfd or None, start ticks)
     skipped = []
     for pid, ticks in wanted:
@@ -210,27 +222,61 @@ def cmd_kill_pids(spec: dict) -> int:
                 os.close(fd)
         else:
             live[pid] = (fd, ticks)
+    in_boxes = {pid for box in boxes for pid in _box_pids(box)}
     if skipped:
         emit("kill_step", step="SKIP", pids=sorted(skipped), time=time.time())
     try:
         for pid, (fd, ticks) in live.items():
             _send(pid, fd, ticks, signal.SIGTERM)
-        emit("kill_step", step="TERM", pids=sorted(live), time=time.time())
+        emit("kill_step", step="TERM", pids=sorted(set(live) | in_boxes), time=time.time())
+        for box in boxes:  # the runtime's TERM, KILL after the grace, to the container
+            container.stop(box["runtime"], box["id"], grace)
         _wait_gone(live, time.monotonic() + grace)
         survivors = sorted(p for p, (_, ticks) in live.items() if _is(p, ticks))
         for pid in survivors:
             _send(pid, *live[pid], signal.SIGKILL)
         emit("kill_step", step="KILL", pids=survivors, time=time.time())
         _wait_gone(live, time.monotonic() + 5)
-        remaining = sorted(p for p, (_, ticks) in live.items() if _is(p, ticks))
+        remaining = {p for p, (_, ticks) in live.items() if _is(p, ticks)}
     finally:
         for fd, _ in live.values():
             if fd is not None:
                 os.close(fd)
-    released, holders = _gpu_release(set(live), time.monotonic() + min(10.0, grace + 2))
-    emit("killed", remaining=remaining, gpu_released=released, gpu_holders=holders,
+    for box in boxes:
+        remaining |= _container_left({"runtime": box["runtime"], "name": box["id"]})
+    if not gpus.ok:
+        emit("killed", remaining=sorted(remaining), gpu_released=None, gpu_holders=[],
+             time=time.time())
+        return 0
+    released, holders = _gpu_release(set(live) | in_boxes,
+                                     time.monotonic() + min(10.0, grace + 2))
+    emit("killed", remaining=sorted(remaining), gpu_released=released, gpu_holders=holders,
          time=time.time())
     return 0
+
+
+def _leftover_boxes(items: list) -> list[dict]:
+    """The containers to stop: each still up and still labelled with the run id the preflight
+    saw (a container id is never reused, the label makes sure it is that run's)."""
+    boxes = []
+    for item in items:
+        if not (isinstance(item, dict) and item.get("runtime") in ("docker", "podman")
+                and isinstance(item.get("id"), str) and isinstance(item.get("run_id"), str)):
+            raise SpecError("each container needs a runtime, an id and a run_id")
+        label = container.cli(item["runtime"], "inspect", "-f",
+                              f'{{{{index .Config.Labels "{LABEL_RUN}"}}}}', item["id"])
+        if label.returncode == 0 and label.stdout.strip() == item["run_id"]:
+            boxes.append(item)
+    return boxes
+
+
+def _box_pids(box: dict) -> set[int]:
+    """The host pids of the container's processes: its main process and every descendant."""
+    st = container.state(box["runtime"], box["id"]) or {}
+    top = st.get("Pid")
+    if not isinstance(top, int) or top <= 0:
+        return set()
+    return {pid for pid in list_pids() if top in ancestors(pid)}
 
 
 def _is(pid: int, ticks: int) -> bool:

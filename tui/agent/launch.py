@@ -81,6 +81,8 @@ def cmd_launch(spec: dict) -> int:
     pid_path = os.path.join(run_dir, "pid")
     deadline = time.monotonic() + 30
     while (info := read_json(pid_path)) is None:
+        if os.path.exists(os.path.join(run_dir, container.PULLING)):
+            deadline = time.monotonic() + 30  # the image is being pulled: as long as it takes
         if time.monotonic() > deadline:
             raise AgentFailure("launch_timeout", f"the monitor wrote no pid file in {run_dir}")
         time.sleep(0.005)
@@ -158,6 +160,7 @@ def _monitor_container(box: container.Box, run_dir: str, argv: list[str], env: d
 
     try:
         container.remove_ended(box)
+        container.pull_if_absent(box, run_dir)
         inner = (container.image_entrypoint(box) + box.command if box.entrypoint == "image"
                  else argv)
         started = container.cli(box.runtime, *container.run_argv(box, run_dir, inner)[1:],

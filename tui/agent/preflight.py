@@ -7,10 +7,12 @@ import contextlib
 import os
 import socket
 import sys
+import time
 from collections.abc import Iterator
 
 import psutil
 
+from .boxcheck import Containers, check_container
 from .names import vllm_name
 from .nvml import Gpus
 from .procfs import read_cmdline, read_stat
@@ -32,13 +34,16 @@ def cmd_preflight(spec: dict) -> int:
     engine = spec_value(spec, "engine_package", str, None)
     if engine:
         _check_engine(engine, add)
+    runs_dir = spec_value(spec, "runs_dir", str, None)
+    box = spec_value(spec, "container", dict, None)
+    boxes = check_container(box, add, runs_dir) if box is not None else None
     gpus = None
     if spec_value(spec, "check_gpus", bool, False):
         gpus = Gpus()
-        _check_gpus(gpus, add, spec_value(spec, "runs_dir", str, None))
+        _check_gpus(gpus, add, runs_dir, boxes)
     port = spec_value(spec, "port", int, None)
     if port is not None:
-        _check_port(port, add)
+        _check_port(port, add, boxes)
     for path in spec_strings(spec, "paths"):
         exists = os.path.exists(os.path.expanduser(path))
         add("path", exists, f"{path} exists" if exists else f"{path} does not exist")
@@ -139,21 +144,22 @@ def _install_time(package: str) -> float | None:
     return None
 
 
-def _check_gpus(gpus: Gpus, add, runs_dir: str | None) -> None:
+def _check_gpus(gpus: Gpus, add, runs_dir: str | None, boxes: Containers | None) -> None:
     """Refuse GPUs held by any process, each holder named with its run when it carries one;
     the holders go along as data, so a leftover (a process of a run that has ended) can be
     killed by the console, by pid and start time, on the user's word."""
     if not gpus.ok:
         add("gpus_free", False, gpus.error or "NVML unavailable", "warning")
         return
-    holders = [_gpu_holder(h, runs_dir) for h in gpus.all_holders()]
+    holders = [_gpu_holder(h, runs_dir, boxes) for h in gpus.all_holders()]
     add("gpus_free", not holders,
         "; ".join(h.pop("text") for h in holders) if holders else "no process holds GPU memory",
         holders=holders)
 
 
-def _gpu_holder(h: dict, runs_dir: str | None) -> dict:
-    """One holder: pid, start time, vLLM's name for it, its run and whether that run ended."""
+def _gpu_holder(h: dict, runs_dir: str | None, boxes: Containers | None) -> dict:
+    """One holder: pid, start time, vLLM's name for it, the container it runs in, its run
+    (its environment's run id, else its container's label) and whether that run ended."""
     pid = h["pid"]
     try:
         pname = psutil.Process(pid).name()
@@ -161,9 +167,12 @@ def _gpu_holder(h: dict, runs_dir: str | None) -> dict:
         pname = "?"
     st = read_stat(pid)
     name = vllm_name(read_cmdline(pid), pname, False) if st is not None else pname
-    run_id = run_id_of(pid)
+    box = boxes.holding(pid) if boxes is not None else None
+    run_id = run_id_of(pid) or (box.run_id if box is not None else None)
     mem = f"{h['mem'] / 2**30:.1f} GiB" if isinstance(h["mem"], int) else "memory"
     text = f"GPU {h['gpu']}: {mem} held by pid {pid} ({name})"
+    if box is not None:
+        text += f" in {box.words(time.time())}"
     leftover = False
     if run_id is not None:
         run = None
@@ -179,10 +188,10 @@ def _gpu_holder(h: dict, runs_dir: str | None) -> dict:
             text += f" of run {run_id}, which has ended: a leftover"
     return {"pid": pid, "gpu": h["gpu"], "mem": h["mem"], "name": name, "run_id": run_id,
             "start_ticks": st.start_ticks if st is not None else None, "leftover": leftover,
-            "text": text}
+            "container": box.id if box is not None else None, "text": text}
 
 
-def _check_port(port: int, add) -> None:
+def _check_port(port: int, add, boxes: Containers | None) -> None:
     if not 0 < port < 65536:
         add("port_free", False, f"port {port} is out of range")
         return
@@ -201,18 +210,25 @@ def _check_port(port: int, add) -> None:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 problem = f"port {port} answers on 127.0.0.1"
     if problem is not None:
-        owner = _port_owner(port)
+        owner = _port_owner(port, boxes)
         add("port_free", False, problem + (f" (held by {owner})" if owner else ""))
     else:
         add("port_free", True, f"port {port} is free")
 
 
-def _port_owner(port: int) -> str | None:
+def _port_owner(port: int, boxes: Containers | None) -> str | None:
+    """Who listens on the port: the container that publishes it or whose process listens,
+    else the process."""
+    box = boxes.publishing(port) if boxes is not None else None
+    if box is not None:
+        return box.words(time.time())
     try:
         for conn in psutil.net_connections(kind="inet"):
             if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
                 if conn.pid is None:
                     return "another user's process"
+                if boxes is not None and (box := boxes.holding(conn.pid)) is not None:
+                    return f"pid {conn.pid} in {box.words(time.time())}"
                 try:
                     return f"pid {conn.pid} ({psutil.Process(conn.pid).name()})"
                 except psutil.Error:

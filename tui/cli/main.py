@@ -31,6 +31,7 @@ from tui.core.errors import PreflightFailed, RunNotFound, SpecconsoleError
 from tui.core.explain import explain_file, explanation_lines
 from tui.core.logline import strip_escapes
 from tui.core.profile import ENGINES, Profile, load_profile, parse_duration
+from tui.core.protocol import leftover_words
 from tui.core.stacks import stack_lines
 from tui.core.state import LinesAdded, State
 from tui.supervise.group import ClusterRun, run_of
@@ -88,9 +89,8 @@ def _leftovers_hint(sup: Supervisor, how: str) -> str:
     offered = sup.leftovers()
     if not offered:
         return ""
-    pids = ", ".join(str(h.pid) for h in offered)
-    return (f"leftovers of ended runs hold the GPUs (pids {pids}): {how} kills exactly them, "
-            "then launches")
+    return (f"leftovers of ended runs hold the GPUs ({leftover_words(offered)}): {how} kills "
+            "exactly them, then launches")
 
 
 def _refused(sup: Supervisor, exc: PreflightFailed) -> PreflightFailed:

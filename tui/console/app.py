@@ -52,7 +52,7 @@ from tui.core.errors import PreflightFailed, SpecconsoleError
 from tui.core.fleetview import alert_words, gpu_words, phase_words, worst
 from tui.core.logline import strip_escapes
 from tui.core.logwindow import DEFAULT_CAP, LogWindow
-from tui.core.protocol import GpuHolder
+from tui.core.protocol import GpuHolder, Leftover, leftover_words
 from tui.core.state import State
 from tui.core.status import status_line
 from tui.supervise.runs import Member, Run, SingleRun
@@ -79,7 +79,7 @@ class Watch:
     panes: MemberPanes
     bridge: Bridge = field(init=False)
     alert: AlertRaised | None = None  # the last DEAD/STALLED/link/error: its fleet row's
-    offered: tuple[GpuHolder, ...] = ()  # leftovers the refusal on screen names
+    offered: tuple[Leftover, ...] = ()  # leftovers the refusal on screen names
     idle_text: str = ""  # why nothing is watched, when nothing is
     last_state: State | None = None
 
@@ -336,9 +336,9 @@ class ConsoleApp(App[str]):
             w.offered = w.sup.leftovers()
             detail = str(exc)
             if w.offered:
-                pids = ", ".join(str(h.pid) for h in w.offered)
-                detail += (f"\nleftovers of ended runs hold the GPUs (pids {pids}): press K to "
-                           "kill exactly them, then launch")
+                detail += (f"\nleftovers of ended runs hold the GPUs "
+                           f"({leftover_words(w.offered)}): press K to kill exactly them, "
+                           "then launch")
                 self._idle(w, "preflight refused: leftovers hold the GPUs · K to kill them and "
                               "launch · q to quit")
             else:
@@ -543,23 +543,25 @@ class ConsoleApp(App[str]):
                         "no leftovers to kill: preflight named none")
             return
         count = sum(len(holders) for _, holders in offers)
-        named = "; ".join(f"pid {h.pid} ({h.name}, run {h.run_id}) on GPU {h.gpu}"
+        named = "; ".join((f"pid {h.pid} ({h.name}, run {h.run_id}) on GPU {h.gpu}"
+                           if isinstance(h, GpuHolder) else
+                           f"container {h.name} of run {h.run_id} (stopped, then removed)")
                           + (f" of {w.member.host}" if len(offers) > 1 else "")
                           for w, holders in offers for h in holders)
         hosts = ", ".join(w.member.host for w, _ in offers)
-        self._confirm(f"Kill {count} leftover process(es) on {hosts}, then launch?",
+        self._confirm(f"Kill {count} leftover(s) on {hosts}, then launch?",
                       f"{named}. Each is signalled only if it is still the process preflight "
                       f"saw and still holds GPU memory: TERM, KILL after {self.kill_grace:g}s, "
                       "then check it is gone and its GPU memory released; then preflight and "
                       "launch.", lambda: self._kill_leftovers(run, offers))
 
     async def _kill_leftovers(self, run: Run,
-                              offers: list[tuple[Watch, tuple[GpuHolder, ...]]]) -> None:
+                              offers: list[tuple[Watch, tuple[Leftover, ...]]]) -> None:
         self.busy.add(id(run))
         for w, holders in offers:
             w.offered = ()
-            self._alert(w, AlertRaised("killing", "KILLING LEFTOVERS — pids "
-                                       + ", ".join(str(h.pid) for h in holders)))
+            self._alert(w, AlertRaised("killing", "KILLING LEFTOVERS — "
+                                       + leftover_words(holders)))
         self.refresh_bindings()
         try:
             for w, holders in offers:

@@ -11,14 +11,21 @@ command line that `ps` shows.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 
 from tui.core.profile import ContainerConfig, Profile
+from tui.core.protocol import Check
 
 RUN_ID_ENV = "SPECCONSOLE_RUN_ID"  # the agent's rundir.ENV_KEY: every process of a run has it
 LABEL_RUN = "specconsole.run_id"
 LABEL_PROFILE = "specconsole.profile"
 RUN_DIR_MOUNT = "/run/specconsole"  # the host's run directory, inside the container
+SHM_CHECK = "shm"
+# docker's /dev/shm is 64 MiB unless told; NCCL's shared-memory transport and vLLM's broadcast
+# queues between workers need far more: below this, `unhandled system error` and bus errors
+MIN_SHM_BYTES = 2 * 2**30
+_SIZE = re.compile(r"(\d+)([bkmg]?)b?", re.I)
 
 
 def container_name(run_id: str) -> str:
@@ -96,4 +103,57 @@ def container_spec(profile: Profile, run_id: str, server_argv: list[str],
     return {"runtime": config.runtime, "name": container_name(run_id),
             "options": run_options(profile, run_id, env_names), "image": config.image,
             "entrypoint": config.entrypoint, "command": command,
-            "profile_label": f"{LABEL_PROFILE}={profile.key}", "mount": RUN_DIR_MOUNT}
+            "profile_label": f"{LABEL_PROFILE}={profile.key}", "mount": RUN_DIR_MOUNT,
+            "pull": config.pull}
+
+
+def shm_bytes(size: str) -> int | None:
+    """docker's --shm-size ("16g", "512m", "1048576") in bytes; None when not a size."""
+    found = _SIZE.fullmatch(size.strip())
+    if found is None:
+        return None
+    return int(found.group(1)) * 1024 ** "bkmg".index(found.group(2).lower() or "b")
+
+
+def _option(words: Sequence[str], name: str) -> str | None:
+    """The value of `name` in run_args, as `--name value` or `--name=value` (the last wins)."""
+    value = None
+    for i, word in enumerate(words):
+        if word == name and i + 1 < len(words):
+            value = words[i + 1]
+        elif word.startswith(name + "="):
+            value = word.partition("=")[2]
+    return value
+
+
+def shm_check(config: ContainerConfig) -> Check:
+    """A warning unless the container shares the host's IPC namespace or gets a /dev/shm of at
+    least MIN_SHM_BYTES (from container.ipc / shm_size or the same options in run_args)."""
+    ipc = _option(config.run_args, "--ipc") or config.ipc
+    if ipc == "host":
+        return Check(SHM_CHECK, True, "warning", "ipc = \"host\": the host's /dev/shm is shared")
+    size = _option(config.run_args, "--shm-size") or config.shm_size
+    got = shm_bytes(size) if size is not None else None
+    if got is not None and got >= MIN_SHM_BYTES:
+        return Check(SHM_CHECK, True, "warning", f"/dev/shm of {size} in the container")
+    what = (f"shm_size = \"{size}\" is under {MIN_SHM_BYTES // 2**30} GiB" if size is not None
+            else "neither ipc = \"host\" nor shm_size is set: docker's /dev/shm is 64 MiB")
+    return Check(SHM_CHECK, False, "warning",
+                 f"{what}: NCCL's `unhandled system error` and bus errors are likely — set "
+                 "container.ipc = \"host\" or container.shm_size = \"16g\"")
+
+
+def container_checks(profile: Profile) -> tuple[Check, ...]:
+    """Preflight's checks of [container] decided from the profile alone."""
+    return () if profile.container is None else (shm_check(profile.container),)
+
+
+def preflight_spec(profile: Profile) -> dict[str, object] | None:
+    """What the agent's preflight checks on the host for [container]: the runtime answers, the
+    image is there (or may be pulled), the GPU runtime when GPUs are asked for, lingering for
+    rootless podman over SSH; and which containers hold the GPUs or the port."""
+    config = profile.container
+    if config is None:
+        return None
+    return {"runtime": config.runtime, "image": config.image, "pull": config.pull,
+            "gpus": config.gpus != "none", "over_ssh": profile.host.target != "local"}

@@ -41,6 +41,8 @@ RUNTIMES = ("docker", "podman")
 # "image": the image's ENTRYPOINT takes [server]'s arguments (`docker run vllm/vllm-openai
 # --model ...`); "command": the server command built from [server] runs in the container
 ENTRYPOINTS = ("image", "command")
+# an image absent on the host: "missing" pulls it as the launch starts, "never" refuses
+PULL_POLICIES = ("missing", "never")
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +202,7 @@ class ContainerConfig:
     run_args: tuple[str, ...] = ()  # further `docker run` arguments, as written
     entrypoint: str = "image"
     python: str = "python3"  # the image's Python: runs SGLang and the simulated engine
+    pull: str = "missing"  # PULL_POLICIES
 
 
 @dataclass(frozen=True, slots=True)
@@ -747,7 +750,7 @@ _SIMULATE = {
 _CONTAINER = {
     "runtime": _one_of(RUNTIMES), "image": _str, "gpus": _gpus, "ipc": _one_of(("host",)),
     "shm_size": _shm_size, "volumes": _list(_volume), "run_args": _list(_str),
-    "entrypoint": _one_of(ENTRYPOINTS), "python": _str,
+    "entrypoint": _one_of(ENTRYPOINTS), "python": _str, "pull": _one_of(PULL_POLICIES),
 }
 _TOP = {
     "host": _section(HostConfig, _HOST, ("target",)),

@@ -234,6 +234,32 @@ class GpuHolder:
     run_id: str | None
     start_ticks: int | None
     leftover: bool
+    container: str | None = None  # the id of the container it runs in, if any
+
+
+@dataclass(frozen=True, slots=True)
+class BoxLeftover:
+    """A container labelled with the id of a run that has ended, still up (holding GPUs, the
+    port, or nothing yet): the console may stop and remove it, by id, only while it still
+    carries that run id."""
+
+    runtime: str
+    id: str
+    name: str
+    run_id: str
+
+
+Leftover = GpuHolder | BoxLeftover
+
+
+def leftover_words(leftovers: tuple[Leftover, ...] | list[Leftover]) -> str:
+    """`pids 1, 2; container specconsole-x`: what a kill of these leftovers acts on."""
+    pids = [str(x.pid) for x in leftovers if isinstance(x, GpuHolder)]
+    boxes = [x.name for x in leftovers if isinstance(x, BoxLeftover)]
+    parts = [f"pids {', '.join(pids)}"] if pids else []
+    if boxes:
+        parts.append(f"container{'s' if len(boxes) > 1 else ''} {', '.join(boxes)}")
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +269,7 @@ class Check:
     severity: str
     message: str
     holders: tuple[GpuHolder, ...] = ()
+    containers: tuple[BoxLeftover, ...] = ()  # leftover containers of ended runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,7 +365,14 @@ def _holder(d: dict[str, Any]) -> GpuHolder:
     return GpuHolder(pid=int(d["pid"]), gpu=int(d.get("gpu") or 0), mem=d.get("mem"),
                      name=str(d.get("name") or "?"), run_id=d.get("run_id"),
                      start_ticks=ticks if isinstance(ticks, int) else None,
-                     leftover=bool(d.get("leftover")))
+                     leftover=bool(d.get("leftover")),
+                     container=d.get("container") if isinstance(d.get("container"), str)
+                     else None)
+
+
+def _box_leftover(d: dict[str, Any]) -> BoxLeftover:
+    return BoxLeftover(str(d["runtime"]), str(d["id"]), str(d.get("name") or d["id"]),
+                       str(d.get("run_id") or "?"))
 
 
 def _run(d: dict[str, Any]) -> RunRecord:
@@ -386,7 +420,8 @@ _DECODERS: dict[str, Any] = {
                                         float(d["time"])),
     "preflight": lambda d: Preflight(tuple(
         Check(str(c["check"]), bool(c["ok"]), str(c.get("severity", "error")),
-              str(c.get("message", "")), tuple(_holder(h) for h in c.get("holders") or ()))
+              str(c.get("message", "")), tuple(_holder(h) for h in c.get("holders") or ()),
+              tuple(_box_leftover(b) for b in c.get("containers") or ()))
         for c in d.get("checks") or ())),
 }
 

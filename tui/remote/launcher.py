@@ -24,17 +24,19 @@ from tui.core.command import (
     served_by,
     sim_agent_env,
 )
-from tui.core.container import container_spec
+from tui.core.container import container_checks, container_spec, preflight_spec
 from tui.core.errors import AgentError
 from tui.core.profile import Profile
 from tui.core.protocol import (
     AgentFault,
+    BoxLeftover,
     Check,
     GpuHolder,
     HttpReply,
     Killed,
     KillStep,
     Launched,
+    Leftover,
     Preflight,
     RunRecord,
     Runs,
@@ -50,6 +52,9 @@ def agent_target(profile: Profile) -> AgentTarget:
     """The agent's interpreter; a simulated run's agent also gets the stand-in NVML and the
     simulated GPUs' state the profile names (tui.core.command.sim_agent_env)."""
     return AgentTarget(host_python(profile), sim_agent_env(profile, os.environ))
+
+
+PULL_TIMEOUT = 3 * 3600.0  # seconds: a launch that pulls a large image first
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +89,9 @@ async def launch(session: Session, profile: Profile, plan: LaunchPlan) -> Launch
             "profile_key": profile.key, "argv": plan.argv, "env": plan.env,
             "redact": list(plan.secrets), "cwd": profile.host.workdir,
             "served": served_by(profile).to_wire(), "container": plan.container}
-    for ev in await call_agent(session, agent_target(profile), "launch", spec):
+    # a container's image absent on the host is pulled before the launch returns
+    timeout = PULL_TIMEOUT if plan.container is not None else 120
+    for ev in await call_agent(session, agent_target(profile), "launch", spec, timeout):
         if isinstance(ev, Launched):
             return ev
     raise AgentError(session.host, "the agent did not confirm the launch")
@@ -130,10 +137,12 @@ async def preflight(session: Session, profile: Profile) -> tuple[Check, ...]:
         # "GPUs free" covers "enough GPUs": a CPU-only profile switches both off
         "expect_gpus": profile.server.tensor_parallel_size if pf.gpus_free else None,
         "stacks": profile.expect.stacks_on_stall,  # is py-spy there to take them?
+        "container": preflight_spec(profile),  # the runtime, the image, leftover containers
     }
     for ev in await call_agent(session, agent_target(profile), "preflight", spec):
         if isinstance(ev, Preflight):
-            return ev.checks + speculative_checks(profile) + secret_checks(profile)
+            return (ev.checks + container_checks(profile) + speculative_checks(profile)
+                    + secret_checks(profile))
     raise AgentError(session.host, "the agent did not answer the preflight")
 
 
@@ -156,14 +165,19 @@ async def kill(session: Session, profile: Profile, run_dir: str, grace: float,
                        on_step)
 
 
-async def kill_holders(session: Session, profile: Profile, holders: Sequence[GpuHolder],
+async def kill_holders(session: Session, profile: Profile, leftovers: Sequence[Leftover],
                        grace: float, on_step: Callable[[KillStep], None] | None = None,
                        ) -> tuple[list[KillStep], Killed]:
-    """Kill exactly these GPU holders (leftovers the preflight named): the agent signals each
-    only while it is the same process (pid and start time) and still holds GPU memory."""
-    targets = [{"pid": h.pid, "start_ticks": h.start_ticks} for h in holders]
-    return await _kill(session, profile, "kill_pids", {"targets": targets, "grace": grace},
-                       grace, on_step)
+    """Kill exactly these leftovers the preflight named: the agent signals a GPU holder only
+    while it is the same process (pid and start time) and still holds GPU memory, and stops
+    then removes a container only while it still carries the same run id."""
+    targets = [{"pid": x.pid, "start_ticks": x.start_ticks} for x in leftovers
+               if isinstance(x, GpuHolder)]
+    boxes = [{"runtime": x.runtime, "id": x.id, "run_id": x.run_id} for x in leftovers
+             if isinstance(x, BoxLeftover)]
+    return await _kill(session, profile, "kill_pids",
+                       {"targets": targets, "containers": boxes, "grace": grace}, grace,
+                       on_step)
 
 
 async def _kill(session: Session, profile: Profile, command: str, spec: dict[str, Any],

@@ -48,6 +48,7 @@ from tui.core.protocol import (
     HttpReply,
     Killed,
     KillStep,
+    Leftover,
     LogChunk,
     LogSkipped,
     Metrics,
@@ -57,6 +58,7 @@ from tui.core.protocol import (
     RunRecord,
     Secrets,
     Served,
+    leftover_words,
 )
 from tui.core.stacks import ProcessStacks, process_stacks
 from tui.core.state import (
@@ -476,24 +478,27 @@ class Supervisor:
                                    "warning")])
         return checks
 
-    def leftovers(self) -> tuple[GpuHolder, ...]:
-        """The GPU holders the last preflight found to be leftovers of ended runs (each pid
-        once): the only processes `kill_leftovers` may be asked to kill."""
+    def leftovers(self) -> tuple[Leftover, ...]:
+        """What the last preflight found to be leftovers of ended runs: GPU holders (each pid
+        once) and containers (a holder inside one goes with its container): the only things
+        `kill_leftovers` may be asked to kill."""
+        boxes = {box.id: box for check in self.last_checks for box in check.containers}
         found: dict[int, GpuHolder] = {}
         for check in self.last_checks:
             for holder in check.holders:
-                if holder.leftover and holder.start_ticks is not None:
+                if (holder.leftover and holder.start_ticks is not None
+                        and holder.container not in boxes):
                     found.setdefault(holder.pid, holder)
-        return tuple(found.values())
+        return (*found.values(), *boxes.values())
 
-    async def kill_leftovers(self, holders: Sequence[GpuHolder],
+    async def kill_leftovers(self, leftovers: Sequence[Leftover],
                              grace: float = 10.0) -> Killed:
         """TERM these leftovers, KILL after the grace, then verify they are gone and their GPU
         memory released (PreflightFailed if not: nothing may launch beside them). Each step is
-        a Notice. The agent re-checks each one (same process, still holding GPU memory) right
-        before signalling it."""
-        pids = ", ".join(str(h.pid) for h in holders)
-        self._emit([Notice(f"killing leftovers of ended runs: pids {pids}")])
+        a Notice. The agent re-checks each one (same process, still holding GPU memory; the
+        container still carrying the run id) right before signalling it."""
+        pids = leftover_words(leftovers)
+        self._emit([Notice(f"killing leftovers of ended runs: {pids}")])
 
         def step(s: KillStep) -> None:
             if s.pids or s.step == "TERM":
@@ -502,14 +507,14 @@ class Supervisor:
                 self._emit([Notice(f"leftovers {s.step}: {', '.join(map(str, s.pids)) or '—'}"
                                    + (f" {what}" if what else ""))])
 
-        _, killed = await launcher.kill_holders(await self.connect(), self.profile, holders,
+        _, killed = await launcher.kill_holders(await self.connect(), self.profile, leftovers,
                                                 grace, on_step=step)
         released, gpu = gpu_verdict(killed)
         if killed.remaining or not released:
             still = f"pids {', '.join(map(str, killed.remaining))} still alive; " \
                 if killed.remaining else ""
             raise PreflightFailed(f"leftovers not cleared: {still}{gpu}")
-        self._emit([Notice(f"leftovers gone (pids {pids}); {gpu}")])
+        self._emit([Notice(f"leftovers gone ({pids}); {gpu}")])
         return killed
 
     async def launch(self, skip_preflight: bool = False, kill_leftovers: bool = False,
