@@ -39,7 +39,7 @@ def attach_profile(target: AttachTarget, *, host: str = "local", engine: str = "
 
 def attached_words(facts: dict[str, Any], now: float) -> str:
     """Whose the attached server is, for the confirmation before a kill: "container vllm-a
-    (image vllm/vllm-openai, compose project infer), started 2h05m ago, runs as user alice —
+    (image vllm/vllm-openai, compose project infer), started 2h04m ago, runs as user alice —
     not launched by specconsole"."""
     started = facts.get("started")
     ago = f", started {duration(max(0.0, now - started))} ago" \
