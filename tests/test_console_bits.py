@@ -282,3 +282,37 @@ async def test_remote_words_are_drawn_as_text_never_as_markup() -> None:
         assert f"saved on the host: {run_dir}/stacks.txt" in str(
             app.screen.query_one("#stacks-title").render())
         await app.sup.close()
+
+
+def test_process_pane_pid_cell_carries_the_container_pid_and_keeps_the_table_width() -> None:
+    from tui.console.widgets.procs import COLUMNS, pid_cell, widths
+    from tui.core.proctree import ProcRow
+
+    def row(pid: int, cpid: int | None) -> ProcRow:
+        return ProcRow(0, pid, "Worker_TP0", "running", None, None, None, 0.0, True, None,
+                       cpid=cpid)
+
+    assert pid_cell(row(28566, None)) == "28566"  # a bare run's pane is as before
+    assert pid_cell(row(28566, 10)) == "28566 (10)"
+    assert widths(7) == COLUMNS
+    wide = widths(len("1234567 (123)"))
+    assert wide[0] == ("pid", 13) and wide[1] == ("process", 13)
+    assert sum(w for _, w in wide) == sum(w for _, w in COLUMNS)
+    assert widths(40)[1] == ("process", 13)  # never narrower than NAME_MIN
+
+
+async def test_process_pane_widens_its_pid_column_for_container_pids() -> None:
+    from tui.console.widgets.procs import ProcPane
+    from tui.core.proctree import ProcRow
+
+    app = ConsoleApp(Supervisor(load_profile(PROFILES / "demo.toml")), launch=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        w = app.watches[0]
+        await until(pilot, lambda: w.idle_text, 10, "the console idle (nothing launched)")
+        pane = w.panes.query_one(ProcPane)
+        pane.show((ProcRow(0, 28566, "Worker_TP0", "running", 1.0, 1 << 20, None, 0.0, True,
+                           None, cpid=10),), 1.0)
+        await pilot.pause()
+        assert pane.get_cell_at((0, 0)) == "28566 (10)"
+        assert [c.width for c in pane.columns.values()][:2] == [10, 16]
+        await app.sup.close()

@@ -82,7 +82,7 @@ def cmd_kill(spec: dict) -> int:
     remaining = {p.pid for p in tracker.alive() if lives(p) and p.pid != me} \
         | set(env_members(run, exclude))
     if box is not None:
-        remaining |= _container_left(box)
+        remaining |= _container_left(box, ours=run.attached is None)
     remaining = sorted(remaining)
     tracker.close()
     released, holders = _gpu_release(ever, time.monotonic() + min(10.0, grace + 2))
@@ -91,16 +91,18 @@ def cmd_kill(spec: dict) -> int:
     return 0
 
 
-def _container_left(box: dict) -> set[int]:
+def _container_left(box: dict, ours: bool) -> set[int]:
     """The container's main process while the runtime says it still runs (never "nothing
-    remains" while it is up); an ended container is removed, its exit read already."""
+    remains" while it is up); an ended container of ours is removed, its exit read already
+    (an attached one is left for its owner to remove)."""
     st = container.state(box["runtime"], box["name"])
     if st is None:
         return set()
     if st.get("Running") or st.get("Status") in ("running", "paused", "restarting"):
         pid = st.get("Pid")
         return {pid if isinstance(pid, int) and pid > 0 else -1}
-    container.remove(box["runtime"], box["name"])
+    if ours:
+        container.remove(box["runtime"], box["name"])
     return set()
 
 

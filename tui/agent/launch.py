@@ -99,14 +99,10 @@ def _runs_dir_fix(exc: OSError) -> str:
     return "set host.runs_dir to a directory you can write"
 
 
-def _become_monitor(run_dir: str, log_fd: int, argv: list[str], env: dict, cwd: str,
-                    box: container.Box | None = None) -> None:
-    """Detach (new session, second fork), start the server (or its container), wait for it,
-    write exit.json.
-
-    The monitor's own fds 0-2 go to /dev/null and server.log, and every other fd is closed,
-    so it never holds the agent's stdout pipe: an SSH exec returns as soon as the agent exits.
-    """
+def detach(log_fd: int) -> None:
+    """In a forked child: a new session, a second fork (the first child exits), fds 0-2 on
+    /dev/null and `log_fd`, every other fd closed, cwd /: what is left outlives the agent and
+    never holds its stdout pipe."""
     os.setsid()
     if os.fork() > 0:
         os._exit(0)
@@ -119,6 +115,17 @@ def _become_monitor(run_dir: str, log_fd: int, argv: list[str], env: dict, cwd: 
             with contextlib.suppress(OSError):  # the listing's own fd is gone already
                 os.close(int(name))
     os.chdir("/")
+
+
+def _become_monitor(run_dir: str, log_fd: int, argv: list[str], env: dict, cwd: str,
+                    box: container.Box | None = None) -> None:
+    """Detach (new session, second fork), start the server (or its container), wait for it,
+    write exit.json.
+
+    The monitor's own fds 0-2 go to /dev/null and server.log, and every other fd is closed,
+    so it never holds the agent's stdout pipe: an SSH exec returns as soon as the agent exits.
+    """
+    detach(log_fd)
     group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     pid_path = os.path.join(run_dir, "pid")
     exit_path = os.path.join(run_dir, "exit.json")

@@ -1,7 +1,7 @@
 """The agent's entry: `python agent.pyz SUBCOMMAND` with the spec as one JSON line on stdin.
 
-Subcommands: launch, watch, kill, kill_pids, runs, preflight, http, stacks. psutil is imported
-first and alone, so that its absence is one JSON error naming the fix, not a traceback; the
+Subcommands: launch, attach, watch, kill, kill_pids, runs, preflight, http, stacks. psutil is
+imported first and alone, so that its absence is one JSON error naming the fix, not a traceback; the
 commands' modules (which import psutil) are loaded after it.
 """
 
@@ -19,6 +19,7 @@ FIX_PYTHON = ("point host.python at the server's venv, which has psutil and pynv
 
 
 def commands() -> dict[str, Callable[[dict], int]]:
+    from .attach import cmd_attach
     from .http_client import cmd_http
     from .kill import cmd_kill, cmd_kill_pids
     from .launch import cmd_launch
@@ -29,7 +30,7 @@ def commands() -> dict[str, Callable[[dict], int]]:
 
     return {"http": cmd_http, "launch": cmd_launch, "watch": cmd_watch, "kill": cmd_kill,
             "runs": cmd_runs, "preflight": cmd_preflight, "kill_pids": cmd_kill_pids,
-            "stacks": cmd_stacks}
+            "stacks": cmd_stacks, "attach": cmd_attach}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -83,9 +83,18 @@ class Run:
         return self._int("monitor_pid")
 
     @property
+    def attached(self) -> dict | None:
+        """What an attached run follows (tui/agent/attach.py); None for a launched run."""
+        facts = self.launch.get("attached")
+        return facts if isinstance(facts, dict) else None
+
+    @property
     def container(self) -> dict | None:
-        """{runtime, name, image} of a containerised run (see container.Box.record)."""
-        box = self.launch.get("container")
+        """{runtime, name, image} of a containerised run (see container.Box.record), or of
+        the container an attached run follows (by id: its name may be taken again)."""
+        facts = self.attached
+        box = self.launch.get("container") if facts is None or facts.get("kind") != "container" \
+            else {"runtime": facts.get("runtime"), "name": facts.get("id")}
         return box if isinstance(box, dict) and isinstance(box.get("name"), str) \
             and box.get("runtime") in ("docker", "podman") else None
 

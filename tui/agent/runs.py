@@ -8,6 +8,18 @@ from .rundir import Run
 from .wire import AgentFailure, emit, spec_value
 
 
+def run_row(run: Run) -> dict:
+    """A run as `runs` lists it; `attached`: what an attached run follows (tui/agent/attach.py),
+    absent for a launched one."""
+    row = {"run_id": run.run_id, "profile_key": run.launch.get("profile_key"),
+           "run_dir": run.dir, "started": run.launch.get("started"), "pid": run.top_pid,
+           "alive": run.top_alive(), "exit": run.exit_info(),
+           "served": run.launch.get("served")}
+    if isinstance(run.launch.get("attached"), dict):
+        row["attached"] = run.launch["attached"]
+    return row
+
+
 def cmd_runs(spec: dict) -> int:
     runs_dir = os.path.expanduser(spec_value(spec, "runs_dir", str))
     profile_key = spec_value(spec, "profile_key", str, None)
@@ -25,12 +37,7 @@ def cmd_runs(spec: dict) -> int:
             continue
         if profile_key is not None and run.launch.get("profile_key") != profile_key:
             continue
-        runs.append({
-            "run_id": run.run_id, "profile_key": run.launch.get("profile_key"),
-            "run_dir": run.dir, "started": run.launch.get("started"), "pid": run.top_pid,
-            "alive": run.top_alive(), "exit": run.exit_info(),
-            "served": run.launch.get("served"),
-        })
+        runs.append(run_row(run))
     runs.sort(key=lambda r: r["started"] if isinstance(r["started"], (int, float)) else 0,
               reverse=True)
     emit("runs", runs=runs)

@@ -24,13 +24,21 @@ from tui.cli.exit_codes import EXIT_ERROR, EXIT_PREFLIGHT, EXIT_USAGE
 from tui.cli.follow import OneHost, SeveralHosts, follow
 from tui.cli.status import run_state, status_lines
 from tui.console.heap import QuietCollector, settle_heap
+from tui.core.attach import attach_profile
 from tui.core.cluster import is_cluster, member_profile
 from tui.core.command import redact
 from tui.core.describe import gpu_verdict
-from tui.core.errors import PreflightFailed, RunNotFound, SpecconsoleError
+from tui.core.errors import PreflightFailed, ProfileError, RunNotFound, SpecconsoleError
 from tui.core.explain import explain_file, explanation_lines
 from tui.core.logline import strip_escapes
-from tui.core.profile import ENGINES, Profile, load_profile, parse_duration
+from tui.core.profile import (
+    ENGINES,
+    RUNTIMES,
+    AttachTarget,
+    Profile,
+    load_profile,
+    parse_duration,
+)
 from tui.core.protocol import leftover_words
 from tui.core.stacks import stack_lines
 from tui.core.state import LinesAdded, State
@@ -166,7 +174,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
 
 
 async def cmd_kill(args: argparse.Namespace) -> int:
-    profile = _profile(args.profile)
+    profile = _chosen(args)
     if is_cluster(profile):
         group = ClusterRun(profile)
         try:
@@ -176,6 +184,10 @@ async def cmd_kill(args: argparse.Namespace) -> int:
     sup = Supervisor(profile)
     try:
         record = await sup.select()
+        owner = sup.run.owner if sup.run is not None else None
+        if owner is not None and not args.yes:  # someone else's server: never on a guess
+            _err(f"{owner}: not killed; add --yes to kill it")
+            return EXIT_USAGE
         state = "" if record.alive else f" (already ended: {run_state(False, record.exit)};" \
             " sweeping for leftovers)"
         print(f"killing run {record.run_id}{state}: TERM, KILL after {args.grace:g}s, "
@@ -222,7 +234,7 @@ async def cmd_logs(args: argparse.Namespace) -> int:
     """The run's log through the agent (which knows the secrets to redact, even when this
     shell does not): up to its size when asked, or followed. A multi-host profile's log is
     one member's (--member, the server's by default)."""
-    profile = _profile(args.profile)
+    profile = _chosen(args)
     if is_cluster(profile):
         profile = member_profile(profile, args.member)
     sup = Supervisor(profile, whole_log=True)
@@ -232,7 +244,7 @@ async def cmd_logs(args: argparse.Namespace) -> int:
         size = None
         if not args.follow:
             result = await (await sup.connect()).run(
-                ["stat", "-c", "%s", f"{record.run_dir}/server.log"])
+                ["stat", "-L", "-c", "%s", f"{record.run_dir}/server.log"])
             size = int(result.stdout or b"0") if result.returncode == 0 else 0
             if size == 0:
                 return 0
@@ -290,6 +302,62 @@ def _print_checks(checks: Sequence[Any]) -> None:
     for c in checks:
         mark = "ok  " if c.ok else ("FAIL" if c.severity == "error" else "warn")
         print(f"{mark} {c.check}: {c.message}")
+
+
+# -- attach ------------------------------------------------------------------------------------
+
+async def cmd_attach_wait(args: argparse.Namespace) -> int:
+    """`attach --wait`: follow the attached server as `wait` follows a launched one."""
+    sup = Supervisor(_chosen(args), history=History())
+    ns = argparse.Namespace(launch=False, skip_preflight=True, kill_leftovers=False,
+                            timeout=args.timeout, json=args.json)
+    try:
+        return await follow(OneHost(sup), ns, _Printer(args.json).say,
+                            past_ready=args.until == "dead")
+    finally:
+        await sup.close()
+
+
+def cmd_attach(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
+    """Watch a server specconsole did not launch: the console, or `--wait` as `wait` does."""
+    if args.wait:
+        return cmd_attach_wait(args)
+    profile = _chosen(args)
+    return _run_console([run_of(profile, history=History())], launch=False,
+                        profile_args=[profile.name])
+
+
+def _chosen(args: argparse.Namespace) -> Profile:
+    """The profile named, or the in-memory one of `--container`/`--pid` (tui.core.attach)."""
+    container, pid = getattr(args, "container", None), getattr(args, "pid", None)
+    if container is None and pid is None:
+        if not getattr(args, "profile", None):
+            raise ProfileError("<command line>", "name a profile, or --container/--pid")
+        return _profile(args.profile)
+    if getattr(args, "profile", None):
+        raise ProfileError("<command line>", "a profile or --container/--pid, not both")
+    if pid is not None and pid <= 1:
+        raise ProfileError("<command line>", f"--pid must be a process id above 1 (got {pid})")
+    target = AttachTarget(container=container, pid=pid, runtime=args.runtime, log=args.log)
+    return attach_profile(target, host=args.host, engine=args.engine, port=args.port,
+                          runs_dir=args.runs_dir, python=args.python)
+
+
+def _target_args(sp: argparse.ArgumentParser, required: bool = False) -> None:
+    """--container/--pid and how to reach and read the server: attach's words, also taken by
+    kill, logs and status (in place of a profile)."""
+    which = sp.add_mutually_exclusive_group(required=required)
+    which.add_argument("--container", help="a running container's name or id (not launched "
+                                           "by specconsole: docker run, compose)")
+    which.add_argument("--pid", type=int, help="a server process on the host (started by hand, "
+                                               "by systemd)")
+    sp.add_argument("--host", default="local", help="where it runs: an SSH target, or local")
+    sp.add_argument("--engine", default="vllm", choices=ENGINES, help="whose log it is")
+    sp.add_argument("--port", type=int, default=8000, help="the server's port (health)")
+    sp.add_argument("--runtime", default="docker", choices=RUNTIMES)
+    sp.add_argument("--log", help="--pid: its log file (else the file its stdout goes to)")
+    sp.add_argument("--runs-dir", help="where the attached run's record is kept on the host")
+    sp.add_argument("--python", help="the host's Python for the agent")
 
 
 # -- history -----------------------------------------------------------------------------------
@@ -497,7 +565,7 @@ def list_profiles() -> list[Path]:
 # -- parsing ---------------------------------------------------------------------------------
 
 COMMANDS = ("launch", "wait", "status", "kill", "logs", "stacks", "check", "explain", "history",
-            "demo", "console")
+            "demo", "console", "attach")
 PROFILE_DIRS = (Path("profiles"), Path("~/.config/specconsole/profiles").expanduser())
 
 
@@ -570,12 +638,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("kill", "TERM the run, KILL after the grace, sweep by run id",
              cmd_kill)
-    sp.add_argument("profile")
+    sp.add_argument("profile", nargs="?")
     sp.add_argument("--grace", type=_grace_arg, default=10.0, help="seconds between TERM and KILL")
+    sp.add_argument("--yes", action="store_true",
+                    help="an attached server (not launched by specconsole): kill it anyway")
+    _target_args(sp)
+
+    sp = add("attach", "watch a server specconsole did not launch: a container or a pid",
+             cmd_attach)
+    _target_args(sp, required=True)
+    sp.add_argument("--wait", action="store_true", help="no console: follow it as `wait` does")
+    sp.add_argument("--until", choices=["ready", "dead"], default="ready")
+    sp.add_argument("--timeout", type=_duration_arg, default=None)
+    sp.add_argument("--json", action="store_true", help="--wait: one JSON object per line")
 
     sp = add("logs", "the run's log, noise-filtered (or --raw); --follow",
              cmd_logs)
-    sp.add_argument("profile")
+    sp.add_argument("profile", nargs="?")
+    _target_args(sp)
     sp.add_argument("--raw", action="store_true")
     sp.add_argument("--follow", action="store_true")
     sp.add_argument("--member", default="server",

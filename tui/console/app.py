@@ -460,7 +460,9 @@ class ConsoleApp(App[str]):
         if len(watched) == 1:
             w = watched[0]
             assert w.sup.run is not None
-            self._confirm(f"Kill run {w.sup.run.run_id} on {w.member.host}?",
+            owner = w.sup.run.owner  # an attached server is someone else's: say whose
+            self._confirm(f"Kill run {w.sup.run.run_id} on {w.member.host}?" if owner is None
+                          else f"{owner}: kill it?",
                           f"TERM the process group (pid {w.sup.run.pid}), {then}",
                           lambda: self._kill(run))
             return

@@ -27,6 +27,7 @@ class ProcRow:
     alive: bool
     exit: str | None  # "exit 1", "signal 9", "exit ?" once dead
     held_s: float | None = None  # stopped (T) or in D this long: amber in the pane
+    cpid: int | None = None  # its pid inside a container, beside the host's in the pane
 
 
 @dataclass(slots=True)
@@ -96,7 +97,7 @@ class ProcTree:
                                info.rss if info.alive else None,
                                self._gpu_mem.get(pid) if info.alive else None,
                                info.started, info.alive, None if info.alive else dead,
-                               held.get(pid) if info.alive else None))
+                               held.get(pid) if info.alive else None, info.cpid))
             for child in sorted(children.get(pid, ())):
                 walk(child, depth + 1)
 

@@ -215,6 +215,8 @@ class RunRecord:
     alive: bool
     exit: dict[str, Any] | None
     served: Served | None = None
+    # a server specconsole did not launch: what was attached (tui.core.attach.attached_words)
+    attached: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,7 +381,8 @@ def _run(d: dict[str, Any]) -> RunRecord:
     return RunRecord(run_id=str(d["run_id"]), profile_key=str(d.get("profile_key", "")),
                      run_dir=str(d["run_dir"]), started=d.get("started"), pid=d.get("pid"),
                      alive=bool(d.get("alive")), exit=d.get("exit"),
-                     served=_served(d.get("served")))
+                     served=_served(d.get("served")),
+                     attached=d["attached"] if isinstance(d.get("attached"), dict) else None)
 
 
 _DECODERS: dict[str, Any] = {

@@ -97,6 +97,22 @@ async def launch(session: Session, profile: Profile, plan: LaunchPlan) -> Launch
     raise AgentError(session.host, "the agent did not confirm the launch")
 
 
+async def attach(session: Session, profile: Profile, now: float) -> RunRecord:
+    """The run record of the server `profile.attach` names (tui.core.attach): made by the
+    agent without launching anything, or the live one a previous attach made."""
+    target = profile.attach
+    if target is None:
+        raise ValueError(f"{profile.key} names nothing to attach to")
+    spec = {"runs_dir": profile.host.runs_dir, "run_id": new_run_id(profile.name, now),
+            "profile_key": profile.key, "target": target.to_wire(),
+            "served": served_by(profile).to_wire(),
+            "redact": list(known_secrets(profile, os.environ))}
+    for ev in await call_agent(session, agent_target(profile), "attach", spec):
+        if isinstance(ev, Runs) and ev.runs:
+            return ev.runs[0]
+    raise AgentError(session.host, "the agent did not confirm the attach")
+
+
 async def http(session: Session, profile: Profile, path: str,
                body: dict[str, Any] | None = None, timeout: float = 30.0,
                port: int | None = None) -> HttpReply:

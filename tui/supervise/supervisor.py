@@ -22,6 +22,7 @@ from operator import add
 from typing import Any
 
 from tui.core.acceptance import SpecDecodeTotals, parse_totals
+from tui.core.attach import attached_words
 from tui.core.command import known_secrets, redact, served_by, served_changes, shell_join
 from tui.core.describe import disk_words, gpu_verdict
 from tui.core.errors import (
@@ -100,6 +101,8 @@ class RunInfo:
     launched_at: float
     attached: bool
     served: Served | None = None  # None: a run from before launch.json recorded it
+    # launched by others (`specconsole attach`): whose it is, said before any kill
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -522,6 +525,9 @@ class Supervisor:
         """Preflight (unless skipped or switched off), then start a new run and watch it.
         With `kill_leftovers`, leftovers of ended runs that hold the GPUs are killed (see
         kill_leftovers) and preflight runs again."""
+        if self.profile.attach is not None:
+            raise SpecconsoleError(f"{self.profile.name} was not launched by specconsole: it "
+                                   "is not relaunched here (its owner starts it again)")
         session = await self.connect()
         if not skip_preflight and self.profile.preflight.enabled:
             try:
@@ -557,12 +563,15 @@ class Supervisor:
     async def select(self, record: RunRecord | None = None) -> RunRecord:
         """Make a run (the profile's newest when none is given) this supervisor's, unwatched:
         enough to kill it or read its log."""
+        if record is None and self.profile.attach is not None:  # made (or found) by the agent
+            record = await launcher.attach(await self.connect(), self.profile, self.clock())
         record = record or await launcher.latest_run(await self.connect(), self.profile)
         if record is None or record.pid is None:
             raise RunNotFound(f"no run of {self.profile.key} on {self.profile.host.target}")
         started = record.started if record.started is not None else self.clock()
         self.run = RunInfo(record.run_id, record.run_dir, record.pid, started, attached=True,
-                           served=record.served)
+                           served=record.served, owner=None if record.attached is None
+                           else attached_words(record.attached, self.clock()))
         if record.served is not None and (changes := served_changes(record.served,
                                                                     self.profile)):
             self._emit([Notice(f"run {record.run_id} was launched with {'; '.join(changes)}: "
@@ -583,6 +592,8 @@ class Supervisor:
         """Attach to the profile's live run, else launch one (when allowed), else follow its
         newest run, dead or not, so its end can be reported."""
         self.kill_grace = grace
+        if self.profile.attach is not None:  # a server launched by others: never launched here
+            return await self.attach()
         latest = await launcher.latest_run(await self.connect(), self.profile)
         if latest is not None and latest.alive:
             return await self.attach(latest)
