@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 from containers.conftest import container_tables, containers_of, lane_image, remove_containers_of
 from helpers import carriers
 
@@ -33,6 +34,7 @@ from tui.core.state import State, StateChanged
 HOST = "gpu-a"
 RUN_ARGS = ("--network", "host", "--cap-add", "SYS_ADMIN", "-v", "/run/netns:/run/netns:ro")
 KILL_TIMEOUT_S = 120.0
+FIGURE = "link down 10 s (a container on gpu-a)"
 
 
 def netns_python(tmp: Path, netns: str) -> Path:
@@ -52,6 +54,12 @@ def net_namespace(pid: int) -> int | None:
         return None
 
 
+def running(container: str) -> bool:
+    done = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", container],
+                          capture_output=True, text=True, check=True)
+    return done.stdout.strip() == "true"
+
+
 async def test_link_down_mid_load_in_a_container(lab: Lab, lab_profile: Callable[..., Path],
                                                   tmp_path: Path, cleanup: list[str],
                                                   lab_figures: dict[str, Any]) -> None:
@@ -66,7 +74,7 @@ async def test_link_down_mid_load_in_a_container(lab: Lab, lab_profile: Callable
             run_ids.append(w.run_id)
             cleanup.append(w.run_id)
             states = w.sup.subscribe()
-            assert len(containers_of(w.run_id)) == 1
+            (container,) = containers_of(w.run_id)
             # the server's processes are the container's, on the lab host's network
             # (the container's init, the run's top pid, stays in the daemon's: host network)
             lab_net = os.stat(f"/run/netns/{netns}").st_ino
@@ -76,22 +84,24 @@ async def test_link_down_mid_load_in_a_container(lab: Lab, lab_profile: Callable
                           "the server to run in the lab host's network namespace")
             _, healed = await w.outage(lambda: lab.link_down(HOST), lambda: lab.link_up(HOST))
             assert max(w.lost) < SHOW_LOST_S, w.lost
-            await finish_ready(w, healed, "link down 10 s (a container on gpu-a)", lab_figures,
-                               tmp_path / "runs")
+            await finish_ready(w, healed, FIGURE, lab_figures, tmp_path / "runs")
             seen: list[State] = []
             while not states.empty():
                 event = states.get_nowait()
                 if isinstance(event, StateChanged):
                     seen.append(event.state)
-            assert State.DEAD not in seen and w.sup.machine.death is None, seen
-            assert "DEAD" not in w.cli_text()
-            assert w.sup.run.pid == w.pid and psutil.pid_exists(w.pid)
+            assert State.READY in seen and State.DEAD not in seen, seen
+            assert w.sup.machine.death is None and "DEAD" not in w.cli_text()
+            assert containers_of(w.run_id) == [container] and running(container)
+        started = time.monotonic()
         kill = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "tui", "kill", str(profile), "--grace", "5", cwd=ROOT,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         out, _ = await asyncio.wait_for(kill.communicate(), KILL_TIMEOUT_S)
         assert kill.returncode == 0, out.decode()
         assert "no process of the run remains" in out.decode()
+        lab_figures[FIGURE]["kill_grace_5_s"] = round(
+            time.monotonic() - started, 2)
         assert containers_of(run_ids[0]) == [] and carriers(run_ids[0]) == []
     finally:
         for run_id in run_ids:
