@@ -278,6 +278,21 @@ def ensure_lab_env() -> tuple[Path | None, str]:
     return root, f"made in {time.monotonic() - started:.0f} s"
 
 
+CONTAINER_TOOLS = {"docker": "docker.io", "dockerd": "docker.io"}
+
+
+def ensure_docker(lane: str) -> bool:
+    """docker.io installed when missing (as root), dockerd started when `docker info` fails,
+    the lane's image built locally (tests/containers/setup_docker.py; no registry). False
+    after the one line `<lane> lane setup: why`."""
+    why = ensure_packages(CONTAINER_TOOLS)
+    if why is not None:
+        print(f"{lane} lane setup: {why}", file=sys.stderr)
+        return False
+    setup = ROOT / "tests" / "containers" / "setup_docker.py"
+    return subprocess.run([str(_python()), str(setup), lane], cwd=ROOT).returncode == 0
+
+
 def run_lab_lane(extra_args: list[str]) -> int:
     """The fault lab: real sshd hosts in network namespaces, faults injected mid-load. A setup
     failure is its one line and exit 1; the figures the tests measured are printed."""
@@ -285,6 +300,8 @@ def run_lab_lane(extra_args: list[str]) -> int:
     why = ensure_packages(LAB_TOOLS)
     if why is not None:
         print(f"lab lane setup: {why}", file=sys.stderr)
+        return 1
+    if not ensure_docker("lab"):  # the container case runs on a lab host
         return 1
     lab_env, how = ensure_lab_env()
     if lab_env is None:
@@ -305,22 +322,12 @@ def run_lab_lane(extra_args: list[str]) -> int:
     return code
 
 
-CONTAINER_TOOLS = {"docker": "docker.io", "dockerd": "docker.io"}
-
-
 def run_containers_lane(extra_args: list[str]) -> int:
-    """The simulated engine in docker containers, through the real daemon: docker.io installed
-    when missing (as root), dockerd started when `docker info` fails, the lane's image built
-    locally (tests/containers/setup_docker.py; no registry), then the tests marked
-    `containers`. A setup failure is its one line and exit 1: never a skip."""
+    """The simulated engine in docker containers, through the real daemon (ensure_docker),
+    then the tests marked `containers`. A setup failure is its one line and exit 1: never a
+    skip."""
     started = time.monotonic()
-    why = ensure_packages(CONTAINER_TOOLS)
-    if why is not None:
-        print(f"container lane setup: {why}", file=sys.stderr)
-        return 1
-    setup = subprocess.run([str(_python()), str(ROOT / "tests" / "containers" /
-                                                "setup_docker.py")], cwd=ROOT)
-    if setup.returncode != 0:
+    if not ensure_docker("container"):
         return 1
     with tempfile.TemporaryDirectory() as tmp:
         figures = Path(tmp) / "figures.json"

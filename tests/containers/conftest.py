@@ -33,14 +33,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.containers)
 
 
-@pytest.fixture(scope="session")
-def image() -> str:
-    """The lane's image; fails (never skips) when the lane was not set up."""
+def lane_image(lane: str = "containers") -> str:
+    """The lane's image; fails (never skips) when `python3 -m tui.bootstrap LANE` did not set
+    it up."""
     done = subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.fail(f"no image {IMAGE} (run `python3 -m tui.bootstrap containers`): "
+        pytest.fail(f"no image {IMAGE} (run `python3 -m tui.bootstrap {lane}`): "
                     f"{done.stderr.strip()}")
     return IMAGE
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    """The container lane's image (lane_image)."""
+    return lane_image()
 
 
 def container_profile(tmp: Path, scenario: str, *, time_scale: float = 300.0,
@@ -48,16 +54,25 @@ def container_profile(tmp: Path, scenario: str, *, time_scale: float = 300.0,
                       name: str | None = None, stall: str = "30s") -> Path:
     """A simulated profile whose engine runs in the lane's container: the host's /usr, its
     Python and this checkout bind-mounted read-only, `tmp` (the fake GPUs' state) read-write."""
-    python = Path(os.path.realpath(sys.executable))
-    home = Path(sys.base_prefix)
     path = tmp / f"{name or scenario}.toml"
-    volumes = ["/usr:/usr:ro", f"{home}:{home}:ro", f"{ROOT}:{ROOT}:ro", f"{tmp}:{tmp}"]
+    tables = container_tables(tmp, entrypoint, run_args)
     path.write_text(f"""
 [host]
 target = "local"
 python = "{sys.executable}"
 runs_dir = "{tmp / 'runs'}"
-{sim_server(tmp, scenario, time_scale, stall=stall)}
+{sim_server(tmp, scenario, time_scale, stall=stall)}{tables}""")
+    return path
+
+
+def container_tables(tmp: Path, entrypoint: str = "image", run_args: tuple[str, ...] = (),
+                     python: str | None = None) -> str:
+    """The [server.env] and [container] tables that run the simulated engine in the lane's
+    image: the host's /usr, its Python and this checkout bind-mounted read-only, `tmp` (the
+    fake GPUs' state) read-write; `python` is the image's Python (the host's by default)."""
+    home = Path(sys.base_prefix)
+    volumes = ["/usr:/usr:ro", f"{home}:{home}:ro", f"{ROOT}:{ROOT}:ro", f"{tmp}:{tmp}"]
+    return f"""
 [server.env]
 PYTHONPATH = "{ROOT}"
 
@@ -66,11 +81,10 @@ runtime = "docker"
 image = "{IMAGE}"
 gpus = "none"
 entrypoint = "{entrypoint}"
-python = "{python}"
+python = "{python or os.path.realpath(sys.executable)}"
 volumes = {json.dumps(volumes)}
 run_args = {json.dumps(list(run_args))}
-""")
-    return path
+"""
 
 
 def containers_of(run_id: str) -> list[str]:
@@ -85,9 +99,14 @@ def remove_containers() -> Iterator[list[str]]:
     run_ids: list[str] = []
     yield run_ids
     for run_id in run_ids:
-        for cid in containers_of(run_id):
-            with contextlib.suppress(subprocess.SubprocessError):
-                subprocess.run(["docker", "rm", "-f", cid], capture_output=True, timeout=60)
+        remove_containers_of(run_id)
+
+
+def remove_containers_of(run_id: str) -> None:
+    """Force-remove every container labelled with this run id (a test's cleanup)."""
+    for cid in containers_of(run_id):
+        with contextlib.suppress(subprocess.SubprocessError):
+            subprocess.run(["docker", "rm", "-f", cid], capture_output=True, timeout=60)
 
 
 def record_figure(name: str, value: object) -> None:

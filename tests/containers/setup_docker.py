@@ -5,8 +5,9 @@ file system (a few directories and the usr-merge links, a few KB): its container
 the host's /usr, the Python that runs the simulated engine and this checkout, read-only (see
 tests/containers/conftest.py). Its ENTRYPOINT is the simulated `vllm serve`, so a profile with
 entrypoint = "image" has the shape of `docker run vllm/vllm-openai --model ...`.
-Run: `python3 tests/containers/setup_docker.py` (prints `container lane: NAME: VALUE` lines;
-one line and exit 1 when it cannot set up).
+Run: `python3 tests/containers/setup_docker.py [LANE]` (prints `LANE lane: NAME: VALUE` lines,
+LANE "container" unless named, e.g. "lab", whose container case needs the same; one line and
+exit 1 when it cannot set up).
 """
 
 from __future__ import annotations
@@ -92,16 +93,16 @@ def build_image(python: str) -> str:
     return f"{time.monotonic() - started:.2f} s"
 
 
-def main() -> int:
+def main(lane: str = "container") -> int:
     try:
-        print(f"container lane: daemon: {ensure_daemon()}", flush=True)
+        print(f"{lane} lane: daemon: {ensure_daemon()}", flush=True)
         python = os.path.realpath(sys.executable)
-        print(f"container lane: image {IMAGE} built in: {build_image(python)}", flush=True)
+        print(f"{lane} lane: image {IMAGE} built in: {build_image(python)}", flush=True)
     except SetupError as exc:
-        print(f"container lane setup: {exc}", file=sys.stderr)
+        print(f"{lane} lane setup: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(*sys.argv[1:2]))
