@@ -159,13 +159,16 @@ def run_latest(extra_args: list[str]) -> int:
 
 
 def run_vllm_lane(extra_args: list[str]) -> int:
-    """Make (or reuse) the vLLM environment, then run the tests marked `vllm` and print the
-    figures they measured. A setup failure is its one line and exit 1: never a quiet skip."""
+    """Make (or reuse) the vLLM environment and docker (the same vLLM also runs in a container
+    of the container lane's image), then run the tests marked `vllm` and print the figures
+    they measured. A setup failure is its one line and exit 1: never a quiet skip."""
     started = time.monotonic()
     setup = subprocess.run([sys.executable, str(ROOT / "tests" / "vllm_lane" / "setup_env.py")],
                            cwd=ROOT)
     if setup.returncode != 0:
         return setup.returncode
+    if not setup_docker("vllm lane setup"):
+        return 1
     with tempfile.TemporaryDirectory() as tmp:
         figures = Path(tmp) / "figures.json"
         code = subprocess.run(
@@ -308,19 +311,25 @@ def run_lab_lane(extra_args: list[str]) -> int:
 CONTAINER_TOOLS = {"docker": "docker.io", "dockerd": "docker.io"}
 
 
+def setup_docker(who: str) -> bool:
+    """docker.io installed when missing (as root), dockerd started when `docker info` fails and
+    the container lane's image built (tests/containers/setup_docker.py, no registry); False
+    once why not is said in one line."""
+    why = ensure_packages(CONTAINER_TOOLS)
+    if why is not None:
+        print(f"{who}: {why}", file=sys.stderr)
+        return False
+    return subprocess.run([str(_python()), str(ROOT / "tests" / "containers" / "setup_docker.py")],
+                          cwd=ROOT).returncode == 0
+
+
 def run_containers_lane(extra_args: list[str]) -> int:
     """The simulated engine in docker containers, through the real daemon: docker.io installed
     when missing (as root), dockerd started when `docker info` fails, the lane's image built
     locally (tests/containers/setup_docker.py; no registry), then the tests marked
     `containers`. A setup failure is its one line and exit 1: never a skip."""
     started = time.monotonic()
-    why = ensure_packages(CONTAINER_TOOLS)
-    if why is not None:
-        print(f"container lane setup: {why}", file=sys.stderr)
-        return 1
-    setup = subprocess.run([str(_python()), str(ROOT / "tests" / "containers" /
-                                                "setup_docker.py")], cwd=ROOT)
-    if setup.returncode != 0:
+    if not setup_docker("container lane setup"):
         return 1
     with tempfile.TemporaryDirectory() as tmp:
         figures = Path(tmp) / "figures.json"
