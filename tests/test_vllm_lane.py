@@ -823,6 +823,7 @@ async def test_in_a_container_a_worker_sigkilled_from_the_host_is_dead_with_both
         assert death.signal in (9, None) and death.code is None, death
         assert f"Worker (pid {worker.pid}, {worker.cpid} in the container) died" in \
             death.summary()
+        figures["worker killed, in a container: DEAD"] = death.summary()
         await kill_boxed(w, [p.pid for p in procs.values()])
 
 
@@ -839,5 +840,10 @@ async def test_in_a_container_the_story_is_dead_naming_vllms_process_and_its_syn
         assert death.process in ("VllmWorker-0", "Worker", "EngineCore"), death
         assert death.cpid is not None and 1 < death.cpid != death.pid, death
         assert f"(pid {death.pid}, {death.cpid} in the container)" in death.summary()
+        cause = w.sup.machine.death.cause  # the SyntaxError (checked by _story), raised by
+        # the worker: its own line, prefixed with its pid inside the container
+        assert (cause.process, cause.pid) == (death.process, death.cpid), cause
+        figures["story, engine imports it (in a container): DEAD"] = [
+            death.summary(), f"{cause.process} pid {cause.pid}: {cause.line}"]
         keep_log(w, lane_dir, "vllm-real-crash-container.log")
         await kill_boxed(w, [])
