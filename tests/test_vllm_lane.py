@@ -5,8 +5,9 @@ Deselected by default (`-m 'not lab and not vllm'`); `python3 -m tui.bootstrap v
 environment (tests/vllm_lane/setup_env.py) and runs this file. Every launch is killed through
 `specconsole kill` and verified; a finaliser sweeps by SPECCONSOLE_RUN_ID as a backstop. The
 crash story shadows vLLM's llama.py with a patched copy (tests/vllm_lane/shadow): the installed
-vLLM is never modified. Figures (time to READY or DEAD per launch) go to
-$SPECCONSOLE_VLLM_FIGURES, else lane-figures.json in the lane's directory.
+vLLM is never modified. Section h runs the same vLLM in a docker container (the container
+lane's image; the lane's setup starts dockerd and builds it). Figures (time to READY or DEAD
+per launch) go to $SPECCONSOLE_VLLM_FIGURES, else lane-figures.json in the lane's directory.
 """
 
 from __future__ import annotations
