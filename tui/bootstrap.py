@@ -159,13 +159,16 @@ def run_latest(extra_args: list[str]) -> int:
 
 
 def run_vllm_lane(extra_args: list[str]) -> int:
-    """Make (or reuse) the vLLM environment, then run the tests marked `vllm` and print the
-    figures they measured. A setup failure is its one line and exit 1: never a quiet skip."""
+    """Make (or reuse) the vLLM environment and docker (the same vLLM also runs in a container
+    of the container lane's image), then run the tests marked `vllm` and print the figures
+    they measured. A setup failure is its one line and exit 1: never a quiet skip."""
     started = time.monotonic()
     setup = subprocess.run([sys.executable, str(ROOT / "tests" / "vllm_lane" / "setup_env.py")],
                            cwd=ROOT)
     if setup.returncode != 0:
         return setup.returncode
+    if not ensure_docker("vllm"):
+        return 1
     with tempfile.TemporaryDirectory() as tmp:
         figures = Path(tmp) / "figures.json"
         code = subprocess.run(

@@ -1,5 +1,6 @@
-"""Helpers of the real-vLLM lane: the shipped profile made per-test, an independent death
-watch, and small HTTP calls. Imported by tests/test_vllm_lane.py only."""
+"""Helpers of the real-vLLM lane: the shipped profile made per-test (bare or in a docker
+container), an independent death watch, and small HTTP calls. Imported by
+tests/test_vllm_lane.py only."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from containers.setup_docker import IMAGE
 from helpers import carriers, free_port
 
 from tui.core.profile import Profile, load_profile
@@ -48,6 +50,32 @@ def lane_profile(tmp: Path, name: str, scratch: Path, *, target: str = "local",
     for sub in ("tmp", "cache", "inductor"):
         (scratch / sub).mkdir(parents=True, exist_ok=True)
     return load_profile(path, {**os.environ, "SPECCONSOLE_VLLM_SCRATCH": str(scratch)})
+
+
+def in_container(venv: Path, models: Path, scratch: Path, *extra: Path) -> Callable[[str], str]:
+    """A profile edit: the server runs in a docker container of the container lane's image
+    (tests/containers/setup_docker.py: a skeleton root, no Python of its own) with
+    entrypoint = "command". The host's /usr and the venv's base Python are mounted read-only as
+    that lane mounts them, so are the lane's venv, its models and `extra` (a shadow, a patched
+    file), each at its host path; the scratch is writable. vLLM listens on every address of
+    the container, and the port is published: /health is asked from the host through it."""
+    base = Path(os.path.realpath(venv / "bin" / "python")).parent.parent
+    volumes = ["/usr:/usr:ro", f"{base}:{base}:ro", f"{venv}:{venv}:ro",
+               f"{models}:{models}:ro", *(f"{p}:{p}:ro" for p in extra), f"{scratch}:{scratch}"]
+
+    def edit(text: str) -> str:
+        assert 'listen = "127.0.0.1"\n' in text
+        text = text.replace('listen = "127.0.0.1"\n', 'listen = "0.0.0.0"\n', 1)
+        return text + f"""
+[container]
+runtime = "docker"
+image = "{IMAGE}"
+gpus = "none"
+entrypoint = "command"
+shm_size = "1g"
+volumes = {json.dumps(volumes)}
+"""
+    return edit
 
 
 def patched_llama(venv: Path, out: Path) -> tuple[Path, int]:
