@@ -141,7 +141,10 @@ async def test_worker_sigkilled_from_the_host_while_serving_is_dead(
     cleanup.append(box.run.run_id)
     try:
         assert box.machine.state is State.DEAD
-        assert died.death.process == "Worker_TP3" and died.death.signal == 9
+        assert died.death.process == "Worker_TP3"
+        # its parent (the engine core) may reap it before the agent reads its status: then the
+        # signal is unknown, but never wrong (as for a bare run: test_supervisor)
+        assert (died.death.signal, died.death.code) in ((9, None), (None, None))
         assert died.death.cpid is not None and died.death.cpid != died.death.pid
         assert f"{died.death.cpid} in the container" in died.death.summary()
     finally:
@@ -151,7 +154,8 @@ async def test_worker_sigkilled_from_the_host_while_serving_is_dead(
     bare, bare_died, bare_s = await _sigkill_worker(sim_profile(tmp_path, "ready", name="bare"))
     cleanup.append(bare.run.run_id)
     try:
-        assert bare_died.death.process == "Worker_TP3" and bare_died.death.signal == 9
+        assert bare_died.death.process == "Worker_TP3"
+        assert (bare_died.death.signal, bare_died.death.code) in ((9, None), (None, None))
     finally:
         await bare.kill(2.0)
         await bare.close()

@@ -245,7 +245,7 @@ def cmd_kill_pids(spec: dict) -> int:
             if fd is not None:
                 os.close(fd)
     for box in boxes:
-        remaining |= _container_left({"runtime": box["runtime"], "name": box["id"]})
+        remaining |= _container_left({"runtime": box["runtime"], "name": box["id"]}, ours=True)
     if not gpus.ok:
         emit("killed", remaining=sorted(remaining), gpu_released=None, gpu_holders=[],
              time=time.time())
