@@ -13,12 +13,12 @@ import sys
 import time
 from pathlib import Path
 
-from helpers import carriers, next_event, sim_profile
+from helpers import carriers, next_event, sim_profile, wait_for
 
 from containers.conftest import ROOT, container_profile, containers_of, record_figure
 from tui.core.profile import load_profile
 from tui.core.state import CauseUpdated, Died, Ready, State
-from tui.supervise.supervisor import Supervisor
+from tui.supervise.supervisor import GpusSeen, Supervisor
 
 DEAD_WORKER = re.compile(r"DEAD: (Worker_TP\d) \(pid (\d+), (\d+) in the container\) died")
 
@@ -127,6 +127,11 @@ async def _sigkill_worker(profile: Path) -> tuple[Supervisor, Died, float]:
     events = sup.subscribe()
     await sup.launch(skip_preflight=True)
     await next_event(events, Ready)
+    # NVML names GPU holders by host pid, in a container too: the GPU pane and the process
+    # tree name the same processes
+    gpus = (await next_event(events, GpusSeen)).gpus.gpus
+    holders = {p.pid for gpu in gpus for p in gpu.procs}
+    assert holders and holders <= set(carriers(sup.run.run_id)), holders
     pid = _worker(sup.run.run_id, "Worker_TP3")
     os.kill(pid, signal.SIGKILL)
     killed_at = time.monotonic()
@@ -184,3 +189,33 @@ async def test_container_memory_limit_is_dead_said_as_oomkilled(
         await sup.kill(2.0)
         await sup.close()
     assert carriers(sup.run.run_id) == []
+
+
+def test_engine_core_killed_while_serving_is_dead_and_wait_until_dead_says_so(
+        tmp_path: Path, image: str, remove_containers, cleanup) -> None:
+    """The seed's failure in a container: the engine core dies while serving and vLLM's API
+    server exits 0 after it. `wait --until dead` watches past READY and names the engine core
+    with both pids; the container, crashed, is kept for the post-mortem, then the next
+    launch of the profile removes it."""
+    profile = container_profile(tmp_path, "engine-killed")
+    result = _cli("wait", str(profile), "--launch", "--until", "dead", timeout=180)
+    run_id = _run_id(result.stdout)
+    remove_containers.append(run_id)
+    cleanup.append(run_id)
+    assert result.returncode == 3, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    ready = next(i for i, line in enumerate(lines) if "READY after" in line)
+    dead = next(i for i, line in enumerate(lines) if "DEAD" in line)
+    assert ready < dead, result.stdout
+    assert re.search(r"EngineCore_DP0 \(pid \d+, \d+ in the container\)", lines[dead]), lines[dead]
+    assert "while serving" in lines[dead]
+    # DEAD came while the API server still stood (it exits 0 seconds later); once it has,
+    # the crashed container is kept (no --rm) with its exit, nothing of it running
+    wait_for(lambda: not _inspect(run_id)["Running"], 60, "the container's end")
+    assert containers_of(run_id) and carriers(run_id) == []
+    again = _cli("wait", str(profile), "--launch", "--timeout", "60s")
+    assert again.returncode == 0, again.stdout + again.stderr
+    cleanup.append(_run_id(again.stdout))
+    remove_containers.append(_run_id(again.stdout))
+    assert containers_of(run_id) == [], "the next launch removes the crashed container"
+    assert _cli("kill", str(profile), "--grace", "5").returncode == 0

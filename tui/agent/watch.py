@@ -148,9 +148,10 @@ class Watcher:
             return False
 
     def _died(self, procs: list[Proc]) -> None:
-        """Report processes found dead in one wakeup, in the order they were watched (a
-        parent before its children, which die of its death): every stat is read before
-        anything else, as their parents may reap them any moment."""
+        """Report processes found dead in one wakeup, oldest first (a parent started before its
+        children, which die of its death; poll() returns fds in no such order): every stat is
+        read before anything else, as their parents may reap them any moment."""
+        procs = sorted(procs, key=lambda p: p.start_ticks)
         events = [self.tracker.mark_dead(p) for p in procs]
         self.tail.pump()  # the dying processes' last lines (tracebacks) come before their exits
         for event in events:

@@ -2,10 +2,12 @@
 `nvml/libnvidia_ml.c`, and the Python fake `fakenvml/pynvml.py`).
 
 Layout, as the reader `tui/sim/fakenvml/pynvml.py` documents it: `devices.json`
-{"count","name","total"} and one `holder-<pid>.json` {"pid","gpu","used","util"} per simulated
-worker. Files are replaced atomically so the reader never sees half a file; a holder whose
-process died is ignored and deleted by the reader, so a SIGKILLed worker "releases" its memory
-like a real one.
+{"count","name","total"} and one `holder-<pid>.json` {"pid","gpu","used","util","pidns"} per
+simulated worker. `pidns` is the inode of the worker's pid namespace: a worker in a container
+knows only its pid there, and the readers (on the host, like a real driver) turn it into the
+host's pid, which is what NVML reports. Files are replaced atomically so the reader never sees
+half a file; a holder whose process died is ignored and deleted by the reader, so a SIGKILLed
+worker "releases" its memory like a real one.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def write_holder(directory: str, gpu: int, used: int, util: int) -> None:
     """Record that this process holds `used` bytes on device `gpu` at `util` percent."""
     pid = os.getpid()
     _write_json(directory, f"holder-{pid}.json",
-                {"pid": pid, "gpu": gpu, "used": int(used), "util": int(util)})
+                {"pid": pid, "gpu": gpu, "used": int(used), "util": int(util),
+                 "pidns": os.stat("/proc/self/ns/pid").st_ino})
 
 
 def remove_holder(directory: str) -> None:

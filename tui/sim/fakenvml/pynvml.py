@@ -6,7 +6,8 @@ simulated workers (`tui/sim/gpu_state.py`); the only thing it changes there is d
 holder files of dead processes.
 
 State dir: $SPECCONSOLE_SIM_GPU_STATE (default ~/.specconsole/sim-gpus), read at nvmlInit.
-`devices.json` {"count","name","total"}; `holder-<pid>.json` {"pid","gpu","used","util"}.
+`devices.json` {"count","name","total"}; `holder-<pid>.json` {"pid","gpu","used","util"} and
+"pidns" (a holder in a container: its pid there, mapped to the host's pid as NVML reports it).
 A holder counts only while its pid is alive and not a zombie (/proc/<pid>/stat), like the
 memory of a real process, which the driver frees when the process is reaped.
 """
@@ -209,8 +210,8 @@ def _scan(directory: str) -> list[_Holder]:
         try:
             with open(path) as f:
                 data = json.load(f)
-            holder = _Holder(int(data["pid"]), int(data["gpu"]), int(data["used"]),
-                             int(data["util"]))
+            pid = _host_pid(int(data["pid"]), data.get("pidns"))
+            holder = _Holder(pid, int(data["gpu"]), int(data["used"]), int(data["util"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if not _alive(holder.pid):
@@ -219,6 +220,27 @@ def _scan(directory: str) -> list[_Holder]:
         else:
             found.append(holder)
     return sorted(found, key=lambda h: h.pid)
+
+
+def _host_pid(pid: int, pidns: object) -> int:
+    """The pid as this host sees it: a holder in another pid namespace (a container) wrote
+    its pid there; the host's process is the one in that namespace whose innermost NSpid it
+    is. 0 (dead) when none is."""
+    if not isinstance(pidns, int) or pidns == os.stat("/proc/self/ns/pid").st_ino:
+        return pid
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}/ns/pid").st_ino != pidns:
+                continue
+            with open(f"/proc/{name}/status") as f:
+                nspid = next(line for line in f if line.startswith("NSpid:")).split()
+        except (OSError, StopIteration):
+            continue
+        if nspid[-1] == str(pid):
+            return int(name)
+    return 0
 
 
 def _alive(pid: int) -> bool:

@@ -7,8 +7,12 @@
  *
  *   $SPECCONSOLE_SIM_GPU_STATE (default ~/.specconsole/sim-gpus), read at nvmlInit:
  *   devices.json       {"count","name","total"}; missing: NVML_ERROR_DRIVER_NOT_LOADED
- *   holder-<pid>.json  {"pid","gpu","used","util"}, counted only while the pid is alive and not
- *                      a zombie (/proc/<pid>/stat); a dead holder's file is deleted on the way
+ *   holder-<pid>.json  {"pid","gpu","used","util","pidns"}, counted only while the pid is alive
+ *                      and not a zombie (/proc/<pid>/stat); a dead holder's file is deleted on
+ *                      the way. "pidns": the inode of the writer's pid namespace; a holder in
+ *                      a container wrote its pid there, and is reported by its host pid (what
+ *                      a real driver reports): the process in that namespace whose innermost
+ *                      NSpid it is
  *
  * Faults, so tests can prove the agent's behaviour against the real binding:
  *   -DOMIT_<symbol>                          build without that function (an old driver)
@@ -380,6 +384,36 @@ static int alive(int pid) {
     return *paren && *paren != 'Z' && *paren != 'X' && *paren != 'x';
 }
 
+/* The host's pid of the process whose pid is `pid` in the pid namespace of inode `ns` (its
+ * innermost NSpid); `pid` itself in this process's namespace; 0 when none is alive. */
+static int host_pid(int pid, long long ns) {
+    struct stat st;
+    if (ns <= 0 || (stat("/proc/self/ns/pid", &st) == 0 && (long long)st.st_ino == ns))
+        return pid;
+    DIR *d = opendir("/proc");
+    if (!d) return 0;
+    struct dirent *e;
+    int found = 0;
+    char path[64], buf[4096];
+    while (!found && (e = readdir(d))) {
+        if (!isdigit((unsigned char)e->d_name[0])) continue;
+        snprintf(path, sizeof path, "/proc/%s/ns/pid", e->d_name);
+        if (stat(path, &st) != 0 || (long long)st.st_ino != ns) continue;
+        snprintf(path, sizeof path, "/proc/%s/status", e->d_name);
+        if (read_file(path, buf, sizeof buf) < 0) continue;
+        char *line = strstr(buf, "\nNSpid:");
+        if (!line) continue;
+        char *end = strchr(line + 1, '\n');
+        if (end) *end = 0;
+        char *last = strrchr(line, '\t');
+        char *space = strrchr(line, ' ');
+        if (space > last) last = space;
+        if (last && atoi(last + 1) == pid) found = atoi(e->d_name);
+    }
+    closedir(d);
+    return found;
+}
+
 static int by_pid(const void *a, const void *b) {
     int x = ((const holder_t *)a)->pid, y = ((const holder_t *)b)->pid;
     return (x > y) - (x < y);
@@ -397,18 +431,20 @@ static void scan(void) {
         if (strncmp(e->d_name, "holder-", 7) || n < 12 || strcmp(e->d_name + n - 5, ".json"))
             continue;
         field_t f[] = {{"pid", 0, 0, 0, NULL, 0}, {"gpu", 0, 0, 0, NULL, 0},
-                       {"used", 0, 0, 0, NULL, 0}, {"util", 0, 0, 0, NULL, 0}};
+                       {"used", 0, 0, 0, NULL, 0}, {"util", 0, 0, 0, NULL, 0},
+                       {"pidns", 0, 0, 0, NULL, 0}};
         snprintf(path, sizeof path, "%s/%s", state_dir, e->d_name);
         long len = read_file(path, buf, sizeof buf);
-        if (len < 0 || parse_object(buf, (size_t)len, f, 4) || !f[0].ok || !f[1].ok || !f[2].ok
+        if (len < 0 || parse_object(buf, (size_t)len, f, 5) || !f[0].ok || !f[1].ok || !f[2].ok
             || !f[3].ok || f[0].num > INT_MAX || f[0].num < INT_MIN)
             continue;
-        if (!alive((int)f[0].num)) {
+        int pid = host_pid((int)f[0].num, f[4].ok ? f[4].num : 0);
+        if (!alive(pid)) {
             unlink(path);
             continue;
         }
         holder_t *h = &holders[holder_count++];
-        h->pid = (int)f[0].num;
+        h->pid = pid;
         h->gpu = f[1].num > INT_MAX || f[1].num < INT_MIN ? -1 : (int)f[1].num;
         h->used = f[2].num < 0 ? 0 : (unsigned long long)f[2].num;
         h->util = f[3].num < 0 ? 0 : f[3].num > 100 ? 100 : (int)f[3].num;
