@@ -158,6 +158,22 @@ def run_latest(extra_args: list[str]) -> int:
     return code
 
 
+def _lane_tests(lane: str, marker: str, path: str, figures_env: str, extra_args: list[str],
+                env: dict[str, str] | None = None, as_json: bool = False) -> int:
+    """The lane's tests (`-m marker` under `path`), then the figures they measured, one
+    `<lane> lane: NAME: VALUE` line each."""
+    with tempfile.TemporaryDirectory() as tmp:
+        figures = Path(tmp) / "figures.json"
+        code = subprocess.run(
+            [str(_python()), "-m", "pytest", "-m", marker, path, *extra_args], cwd=ROOT,
+            env={**os.environ, **(env or {}), figures_env: str(figures)}).returncode
+        if figures.exists():
+            for name, value in sorted(json.loads(figures.read_text()).items()):
+                shown = json.dumps(value) if as_json else value
+                print(f"{lane} lane: {name}: {shown}", flush=True)
+    return code
+
+
 def run_vllm_lane(extra_args: list[str]) -> int:
     """Make (or reuse) the vLLM environment and docker (the same vLLM also runs in a container
     of the container lane's image), then run the tests marked `vllm` and print the figures
@@ -169,15 +185,8 @@ def run_vllm_lane(extra_args: list[str]) -> int:
         return setup.returncode
     if not ensure_docker("vllm"):
         return 1
-    with tempfile.TemporaryDirectory() as tmp:
-        figures = Path(tmp) / "figures.json"
-        code = subprocess.run(
-            [str(_python()), "-m", "pytest", "-m", "vllm", "tests/test_vllm_lane.py",
-             *extra_args], cwd=ROOT,
-            env={**os.environ, "SPECCONSOLE_VLLM_FIGURES": str(figures)}).returncode
-        if figures.exists():
-            for name, value in sorted(json.loads(figures.read_text()).items()):
-                print(f"vllm lane: {name}: {value}", flush=True)
+    code = _lane_tests("vllm", "vllm", "tests/test_vllm_lane.py", "SPECCONSOLE_VLLM_FIGURES",
+                       extra_args)
     print(f"vllm lane: {time.monotonic() - started:.0f} s in all", flush=True)
     return code
 
@@ -311,16 +320,9 @@ def run_lab_lane(extra_args: list[str]) -> int:
         print(f"lab lane setup: {how}", file=sys.stderr)
         return 1
     print(f"lab lane: Ray environment {lab_env} ({how})", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        figures = Path(tmp) / "figures.json"
-        code = subprocess.run(
-            [str(_python()), "-m", "pytest", "-m", "lab", "tests/lab", *extra_args], cwd=ROOT,
-            env={**os.environ, "SPECCONSOLE_LAB": "1", LAB_ENV_VAR: str(lab_env),
-                 "SPECCONSOLE_VENV": str(VENV),
-                 "SPECCONSOLE_LAB_FIGURES": str(figures)}).returncode
-        if figures.exists():
-            for name, value in sorted(json.loads(figures.read_text()).items()):
-                print(f"lab lane: {name}: {json.dumps(value)}", flush=True)
+    code = _lane_tests("lab", "lab", "tests/lab", "SPECCONSOLE_LAB_FIGURES", extra_args,
+                       {"SPECCONSOLE_LAB": "1", LAB_ENV_VAR: str(lab_env),
+                        "SPECCONSOLE_VENV": str(VENV)}, as_json=True)
     print(f"lab lane: {time.monotonic() - started:.0f} s in all", flush=True)
     return code
 
@@ -332,15 +334,8 @@ def run_containers_lane(extra_args: list[str]) -> int:
     started = time.monotonic()
     if not ensure_docker("container"):
         return 1
-    with tempfile.TemporaryDirectory() as tmp:
-        figures = Path(tmp) / "figures.json"
-        code = subprocess.run(
-            [str(_python()), "-m", "pytest", "-m", "containers", "tests/containers",
-             *extra_args], cwd=ROOT,
-            env={**os.environ, "SPECCONSOLE_CONTAINERS_FIGURES": str(figures)}).returncode
-        if figures.exists():
-            for name, value in sorted(json.loads(figures.read_text()).items()):
-                print(f"container lane: {name}: {value}", flush=True)
+    code = _lane_tests("container", "containers", "tests/containers",
+                       "SPECCONSOLE_CONTAINERS_FIGURES", extra_args)
     print(f"container lane: {time.monotonic() - started:.0f} s in all", flush=True)
     return code
 
