@@ -80,10 +80,13 @@ def test_an_absent_image_is_one_line_pulled_at_launch_or_refused(tmp_path: Path,
     assert (f"warn image: image {absent} is not on this host: the launch pulls it first "
             f"(`docker pull {absent}`)") in checked.stdout.splitlines()
 
-    launched = _cli("launch", str(profile))  # nothing can be pulled here: the pull fails
-    assert launched.returncode != 0
-    (line,) = launched.stderr.strip().splitlines()
-    assert f"cannot pull image {absent}: " in line and "Traceback" not in line
+    launched = _cli("launch", str(profile))  # returns as the pull starts
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    assert f"pulling image {absent} first" in launched.stdout
+    waited = _cli("wait", str(profile), "--timeout", "60s")  # nothing can be pulled here
+    assert waited.returncode == 3, waited.stdout + waited.stderr
+    dead = [line for line in waited.stdout.splitlines() if f"cannot pull image {absent}: " in line]
+    assert dead and "Traceback" not in waited.stdout, waited.stdout
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert f"docker pull {absent}" in (run_dir / "server.log").read_text()  # the pull's phase
 

@@ -10,15 +10,19 @@ its reconnect guarantees are the bare run's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import signal
 import subprocess
+import time
 
-from .rundir import ENV_KEY
+from .procfs import read_stat
+from .rundir import ENV_KEY, PULLING, write_json_atomic
 from .wire import AgentFailure, SpecError, spec_strings, spec_value
 
 CLI_TIMEOUT = 60.0  # seconds for one quick runtime call (inspect, ps, rm)
-PULLING = "pulling"  # in the run directory while the monitor pulls the image
 
 
 class Box:
@@ -72,33 +76,102 @@ def remove_ended(box: Box) -> list[str]:
     return found
 
 
-def pull_if_absent(box: Box, run_dir: str) -> None:
-    """`<runtime> pull IMAGE` when the image is not on the host (unless container.pull is
-    "never"), its progress appended to server.log (the monitor's stdout and stderr); the launch
-    waits while the PULLING marker is in the run directory."""
-    if cli(box.runtime, "image", "inspect", "-f", "{{.Id}}", box.image).returncode == 0:
-        return
-    if box.pull == "never":
-        raise AgentFailure("container", f"image {box.image} is not on this host and "
-                           "container.pull = \"never\"")
-    marker = os.path.join(run_dir, PULLING)
-    with open(marker, "w"):
-        pass
-    try:
-        os.write(2, f"specconsole: image {box.image} is not on this host: "
-                    f"{box.runtime} pull {box.image}\n".encode())
-        done = subprocess.run([box.runtime, "pull", box.image], stdin=subprocess.DEVNULL,
-                              stdout=1, stderr=subprocess.PIPE, text=True, env=client_env())
-    except FileNotFoundError:
-        raise AgentFailure("container", f"{box.runtime} is not installed on this host") \
-            from None
-    finally:
-        os.unlink(marker)
-    os.write(2, done.stderr.encode())
-    if done.returncode != 0:
-        said = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-        raise AgentFailure("container", f"cannot pull image {box.image}: "
-                           f"{said[-1] if said else f'exit code {done.returncode}'}")
+def image_present(box: Box) -> bool:
+    return cli(box.runtime, "image", "inspect", "-f", "{{.Id}}", box.image).returncode == 0
+
+
+_LAYER = re.compile(r"^([0-9a-f]{12}): (.*)$")
+_LAYER_DONE = ("Pull complete", "Already exists")
+
+
+class Pull:
+    """`<runtime> pull IMAGE` under the monitor, in its own process group, its output (both
+    streams) copied line by line to server.log (fd 1) with a line of the monitor's own after
+    each layer done (`N/M layers`: docker draws its byte counts only on a terminal).
+
+    While it runs the PULLING marker names the monitor (pid, start time): the launch returns
+    at once, and a kill TERMs the monitor, whose `stop` ends the pull's whole group."""
+
+    def __init__(self, box: Box, run_dir: str) -> None:
+        self.box = box
+        self.marker = os.path.join(run_dir, PULLING)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stopped = False
+
+    def stop(self) -> None:
+        """A kill during the pull (the monitor's SIGTERM handler): end the pull's group; the
+        monitor then records the run as killed and starts no container."""
+        self.stopped = True
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(OSError):  # not reaped yet: the group is still the pull's
+                os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def run(self) -> None:
+        """Pull; AgentFailure with the runtime's last line when it fails."""
+        me = read_stat(os.getpid())
+        write_json_atomic(self.marker, {"monitor_pid": os.getpid(), "image": self.box.image,
+                                        "start_ticks": me.start_ticks if me else None})
+        try:
+            last = self._pull()
+        finally:
+            os.unlink(self.marker)
+        if self.stopped:
+            return
+        code = self.proc.returncode if self.proc is not None else None
+        if code != 0:
+            raise AgentFailure("container", f"cannot pull image {self.box.image}: "
+                               f"{last or f'exit code {code}'}")
+
+    def _pull(self) -> str:
+        image = self.box.image
+        say = f"specconsole: pulling image {image} (not on this host): " \
+              f"{self.box.runtime} pull {image}\n"
+        os.write(1, say.encode())
+        try:
+            self.proc = subprocess.Popen([self.box.runtime, "pull", image],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, env=client_env(),
+                                         process_group=0)
+        except FileNotFoundError:
+            raise AgentFailure("container", f"{self.box.runtime} is not installed on this "
+                               "host") from None
+        if self.stopped:  # the kill came while it started
+            self.stop()
+        layers: dict[str, bool] = {}
+        last = ""
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            os.write(1, raw)
+            line = raw.decode("utf-8", "replace").strip()
+            last = line or last
+            m = _LAYER.match(line)
+            if m is None or m.group(2).startswith("Pulling from"):
+                continue
+            done = m.group(2).strip() in _LAYER_DONE
+            if done and not layers.get(m.group(1)):
+                layers[m.group(1)] = True
+                n = sum(layers.values())
+                os.write(1, f"specconsole: pulling image {image}: {n}/{len(layers)} layers\n"
+                         .encode())
+            layers.setdefault(m.group(1), done)
+        self._reap()
+        return last
+
+    def _reap(self) -> None:
+        """Wait for the pull. After a stop, its group (the runtime's client, or a wrapper and
+        its children) is KILLed once the client ended or a grace passed, while the client is
+        not reaped yet: its group's number cannot have been reused."""
+        assert self.proc is not None
+        if self.stopped:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                st = read_stat(self.proc.pid)
+                if st is None or st.dead:
+                    break
+                time.sleep(0.02)
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
 
 def image_entrypoint(box: Box) -> list[str]:

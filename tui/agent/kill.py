@@ -36,6 +36,8 @@ def cmd_kill(spec: dict) -> int:
     """
     run = Run(spec_value(spec, "run_dir", str))
     grace = float(spec_value(spec, "grace", (int, float), 10.0))
+    if run.top_pid is None and (pulling := run.pulling()) is not None:
+        _stop_pull(run, pulling, grace)
     exclude = ancestors(os.getpid())
     if run.monitor_pid is not None:
         exclude.add(run.monitor_pid)
@@ -89,6 +91,30 @@ def cmd_kill(spec: dict) -> int:
     emit("killed", remaining=remaining, gpu_released=released, gpu_holders=holders,
          time=time.time())
     return 0
+
+
+def _stop_pull(run: Run, pulling: dict, grace: float) -> None:
+    """The container's image is still being pulled: TERM the monitor (the very process the
+    marker names), which ends the pull and starts no container; then wait until it says so
+    (exit.json) or, if the pull had just ended, until its container's pid is recorded (the
+    kill then goes on as for any container)."""
+    pid, fd = pulling["monitor_pid"], _pidfd(pulling["monitor_pid"])
+    try:
+        if fd is None or not _is(pid, pulling.get("start_ticks")):
+            return
+        emit("kill_step", step="TERM", pids=[pid], time=time.time())
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(fd, signal.SIGTERM)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    deadline = time.monotonic() + grace + container.CLI_TIMEOUT
+    while run.exit_info() is None and alive(pid) and time.monotonic() < deadline:
+        run.load_pid()
+        if run.top_pid is not None:
+            return
+        time.sleep(0.02)
+    run.load_pid()
 
 
 def _container_left(box: dict, ours: bool) -> set[int]:

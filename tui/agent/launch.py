@@ -7,6 +7,7 @@ import contextlib
 import errno
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import traceback
 from . import container
 from .procfs import read_stat
 from .redaction import redact, secret_hashes
-from .rundir import ENV_KEY, read_json, write_json_atomic
+from .rundir import ENV_KEY, PULLING, read_json, write_json_atomic
 from .wire import AGENT_VERSION, AgentFailure, SpecError, emit, spec_strings, spec_value
 
 
@@ -81,8 +82,11 @@ def cmd_launch(spec: dict) -> int:
     pid_path = os.path.join(run_dir, "pid")
     deadline = time.monotonic() + 30
     while (info := read_json(pid_path)) is None:
-        if os.path.exists(os.path.join(run_dir, container.PULLING)):
-            deadline = time.monotonic() + 30  # the image is being pulled: as long as it takes
+        pulling = read_json(os.path.join(run_dir, PULLING))
+        if pulling is not None:  # the watch shows the pull and picks the container up later
+            emit("launched", run_id=run_id, run_dir=run_dir, pid=pulling.get("monitor_pid"),
+                 pgid=None, log=log, pulling=pulling.get("image"))
+            return 0
         if time.monotonic() > deadline:
             raise AgentFailure("launch_timeout", f"the monitor wrote no pid file in {run_dir}")
         time.sleep(0.005)
@@ -167,7 +171,25 @@ def _monitor_container(box: container.Box, run_dir: str, argv: list[str], env: d
 
     try:
         container.remove_ended(box)
-        container.pull_if_absent(box, run_dir)
+        if not container.image_present(box):
+            if box.pull == "never":
+                raise AgentFailure("container", f"image {box.image} is not on this host and "
+                                   "container.pull = \"never\"")
+            pull = container.Pull(box, run_dir)
+            # a kill while it pulls TERMs the monitor (tui/agent/kill.py): the pull ends and
+            # no container starts; a TERM after the pull is left to `docker stop`
+            signal.signal(signal.SIGTERM, lambda *_: pull.stop())
+            pull.run()
+            if pull.stopped:
+                message = f"killed while pulling image {box.image}"
+                os.write(2, f"specconsole: {message}\n".encode())
+                write_json_atomic(exit_path, {"pid": None, "code": None,
+                                              "signal": signal.SIGTERM.value,
+                                              "time": time.time(), "error": message,
+                                              "container": box.name})
+                write_json_atomic(pid_path, {"pid": None, "pgid": None,
+                                             "monitor_pid": os.getpid()})
+                return
         inner = (container.image_entrypoint(box) + box.command if box.entrypoint == "image"
                  else argv)
         started = container.cli(box.runtime, *container.run_argv(box, run_dir, inner)[1:],

@@ -13,6 +13,7 @@ from .procfs import Stat, env_values, read_environ, read_stat
 from .wire import AgentFailure
 
 ENV_KEY = "SPECCONSOLE_RUN_ID"
+PULLING = "pulling"  # in the run directory while the monitor pulls the container's image
 
 
 def write_json_atomic(path: str, obj: object) -> None:
@@ -100,6 +101,17 @@ class Run:
 
     def exit_info(self) -> dict | None:
         return read_json(self.exit_path)
+
+    def pulling(self) -> dict | None:
+        """{monitor_pid, start_ticks, image} while the monitor pulls the container's image
+        (no top process yet); None once the container started, or when that monitor is gone."""
+        info = read_json(os.path.join(self.dir, PULLING))
+        pid = info.get("monitor_pid") if info is not None else None
+        if not isinstance(pid, int) or self.exit_info() is not None:
+            return None
+        st = read_stat(pid)
+        alive = st is not None and not st.dead and st.start_ticks == info.get("start_ticks")
+        return info if alive else None
 
     def env_secrets(self, names: list[str]) -> list[str] | None:
         """The top process's values of the variables `names`; None while its pid is unknown.

@@ -141,7 +141,9 @@ async def cmd_launch(args: argparse.Namespace) -> int:
                                kill_leftovers=args.kill_leftovers)
         for text in _notices_so_far(events):
             print(strip_escapes(text))
-        print(f"launched run {run.run_id} on {sup.profile.host.target} (pid {run.pid}); "
+        pid = f"pulling image {run.pulling} first, pid {run.pid}" if run.pulling \
+            else f"pid {run.pid}"
+        print(f"launched run {run.run_id} on {sup.profile.host.target} ({pid}); "
               f"follow it with: specconsole wait {args.profile}")
         return 0
     except PreflightFailed as exc:

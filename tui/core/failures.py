@@ -41,6 +41,13 @@ def _c(id: str, label: str, pattern: str, source: str, hint: str, statement: boo
 
 
 CLASSES: tuple[FailureClass, ...] = (
+    _c("image_pull", "the container's image could not be pulled",
+       r"^specconsole: cannot pull image \S+: ",
+       "specconsole's own monitor (tui/agent/container.py pull_image): 'specconsole: cannot "
+       "pull image IMAGE: <the runtime's last line>' when `docker pull` / `podman pull` fails",
+       "check the image's name and tag, log in to a private registry (`docker login`), and "
+       "that the GPU host reaches the registry; or pull it on the host yourself", raw=True,
+       fatal=True),
     _c("syntax", "a Python file does not compile",
        r"^(?:[\w.]+\.)?(?:SyntaxError|IndentationError|TabError)\b",
        "Python itself, importing the model file (vLLM: model_executor/models/registry.py "

@@ -25,6 +25,7 @@ from tui.core.logline import LogLine
 class Phase(enum.Enum):
     """Ordered startup phases; `str()` is the human label ("loading weights")."""
 
+    PULLING = 0  # a container's image absent on the host, pulled before the container starts
     LAUNCH = 1
     CONFIG = 2
     WEIGHTS = 3
@@ -50,6 +51,7 @@ class Phase(enum.Enum):
 
 
 _LABELS = {
+    Phase.PULLING: "pulling image",
     Phase.LAUNCH: "launching",
     Phase.CONFIG: "reading config",
     Phase.WEIGHTS: "loading weights",
@@ -187,6 +189,52 @@ def answers_a_client(text: str, engine: str) -> bool:
         engine == "sglang" and _SGLANG_WARMUP.search(text) is not None)
 
 
+_LAYER = re.compile(r"^[0-9a-f]{12}: ")
+_PULLING_HIT = PhaseHit(Phase.PULLING)
+_LAYERS = re.compile(r"(\d+)/(\d+) layers")
+
+
+def _layer(msg: str) -> PhaseHit | None:
+    """docker's line for one layer, `<12 hex digits>: <status>` (its progress bars are drawn
+    only on a terminal; the agent's monitor pipes the pull, so each status is one line)."""
+    return _PULLING_HIT if _LAYER.match(msg) is not None else None
+
+
+def _pull_progress(msg: str) -> PhaseHit:
+    """The monitor's own lines (tui/agent/container.py): `specconsole: pulling image X ...`,
+    then `... N/M layers` after each layer docker completes."""
+    m = _LAYERS.search(msg)
+    if m is None or not int(m.group(2)):
+        return _PULLING_HIT
+    return PhaseHit(Phase.PULLING, int(m.group(1)) / int(m.group(2)), None,
+                    f"{m.group(1)}/{m.group(2)} layers")
+
+
+_ANY = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_."
+_HEX = "0123456789abcdef"
+# The pull of a container's image (docker, and podman's own words): the agent's monitor runs
+# it before the container starts, its output the first lines of server.log.
+_PULL_RULES: tuple[tuple[str, str, _Handler], ...] = (
+    ("s", "specconsole: pulling image", _pull_progress),
+    (_ANY, ": Pulling from ", _fixed(Phase.PULLING)),  # `<tag>: Pulling from <repository>`
+    (_HEX, ": Pulling fs layer", _layer),
+    (_HEX, ": Waiting", _layer),
+    (_HEX, ": Downloading", _layer),
+    (_HEX, ": Verifying Checksum", _layer),
+    (_HEX, ": Download complete", _layer),
+    (_HEX, ": Extracting", _layer),
+    (_HEX, ": Pull complete", _layer),
+    (_HEX, ": Already exists", _layer),
+    ("D", "Digest: sha256:", _fixed(Phase.PULLING)),
+    ("S", "Status: Downloaded newer image for", _fixed(Phase.PULLING, 1.0)),
+    ("T", "Trying to pull ", _fixed(Phase.PULLING)),
+    ("G", "Getting image source signatures", _fixed(Phase.PULLING)),
+    ("C", "Copying blob ", _fixed(Phase.PULLING)),
+    ("C", "Copying config ", _fixed(Phase.PULLING)),
+    ("W", "Writing manifest to image destination", _fixed(Phase.PULLING)),
+    ("S", "Storing signatures", _fixed(Phase.PULLING)),
+)
+
 # (first characters of the message, needle it must contain, handler); first hit wins.
 _RULES: tuple[tuple[str, str, _Handler], ...] = (
     (" ▄█▀", "", _banner),
@@ -242,6 +290,7 @@ _RULES: tuple[tuple[str, str, _Handler], ...] = (
     # an offline run (`LLM.generate`, entrypoints/llm.py _run_engine's tqdm bar): generating
     ("P", "Processed prompts", _fixed(Phase.SERVING)),
     ("0123456789", ' HTTP/1.', _answered),
+    *_PULL_RULES,
 )
 
 
@@ -284,6 +333,7 @@ _SGLANG_RULES: tuple[tuple[str, str, _Handler], ...] = (
     ("T", "fired up and ready to roll", _fixed(Phase.READY_LOG)),
     ("D", "Decode batch", _fixed(Phase.SERVING)),
     ("0123456789", ' HTTP/1.', _answered_sglang),
+    *_PULL_RULES,
 )
 
 

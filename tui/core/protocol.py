@@ -163,11 +163,15 @@ class AgentFault:
 
 @dataclass(frozen=True, slots=True)
 class Launched:
+    """`pulling`: the container's image being pulled first (no container yet: `pid` is the
+    agent's monitor, the watch finds the container's processes when they start)."""
+
     run_id: str
     run_dir: str
     pid: int
-    pgid: int
+    pgid: int | None
     log: str
+    pulling: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,7 +408,9 @@ _DECODERS: dict[str, Any] = {
     "error": lambda d: AgentFault(str(d.get("kind", "error")), str(d.get("message", "")),
                                   d.get("module")),
     "launched": lambda d: Launched(str(d["run_id"]), str(d["run_dir"]), int(d["pid"]),
-                                   int(d["pgid"]), str(d["log"])),
+                                   _int_or_none(d.get("pgid")), str(d["log"]),
+                                   d["pulling"] if isinstance(d.get("pulling"), str)
+                                   else None),
     "kill_step": lambda d: KillStep(str(d["step"]), tuple(d.get("pids") or ()),
                                     float(d["time"])),
     "killed": lambda d: Killed(tuple(d.get("remaining") or ()), d.get("gpu_released"),

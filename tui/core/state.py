@@ -589,6 +589,9 @@ class LaunchMachine:
     def _stalled(self, at: float) -> list[DomainEvent]:
         if self.state not in (State.STARTING, State.LOADING) or self.last_line_at is None:
             return []
+        current = self.timeline.current if self.timeline is not None else None
+        if current is not None and current.phase is Phase.PULLING:
+            return []  # docker prints a line per layer: a large layer is minutes of quiet
         quiet = at - self.last_line_at
         if quiet < self.stall_timeout_s:
             return []

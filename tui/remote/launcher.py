@@ -54,9 +54,6 @@ def agent_target(profile: Profile) -> AgentTarget:
     return AgentTarget(host_python(profile), sim_agent_env(profile, os.environ))
 
 
-PULL_TIMEOUT = 3 * 3600.0  # seconds: a launch that pulls a large image first
-
-
 @dataclass(frozen=True, slots=True)
 class LaunchPlan:
     """Everything sent to the host for one launch; `secrets` (known_secrets) never leave this
@@ -89,9 +86,9 @@ async def launch(session: Session, profile: Profile, plan: LaunchPlan) -> Launch
             "profile_key": profile.key, "argv": plan.argv, "env": plan.env,
             "redact": list(plan.secrets), "cwd": profile.host.workdir,
             "served": served_by(profile).to_wire(), "container": plan.container}
-    # a container's image absent on the host is pulled before the launch returns
-    timeout = PULL_TIMEOUT if plan.container is not None else 120
-    for ev in await call_agent(session, agent_target(profile), "launch", spec, timeout):
+    # a container's image absent on the host: the launch returns as its pull starts, which
+    # the watch then shows (the phase "pulling image")
+    for ev in await call_agent(session, agent_target(profile), "launch", spec, 120):
         if isinstance(ev, Launched):
             return ev
     raise AgentError(session.host, "the agent did not confirm the launch")

@@ -103,6 +103,8 @@ class RunInfo:
     served: Served | None = None  # None: a run from before launch.json recorded it
     # launched by others (`specconsole attach`): whose it is, said before any kill
     owner: str | None = None
+    # the container's image pulled first: `pid` is then the agent's monitor, which pulls it
+    pulling: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -541,7 +543,7 @@ class Supervisor:
         launched = await launcher.launch(session, self.profile, plan)
         now = self.clock()
         self.run = RunInfo(launched.run_id, launched.run_dir, launched.pid, now, attached=False,
-                           served=served_by(self.profile))
+                           served=served_by(self.profile), pulling=launched.pulling)
         self._remember_launch(plan, now)
         self._begin(now)
         return self.run
