@@ -13,12 +13,12 @@ import sys
 import time
 from pathlib import Path
 
-from helpers import carriers, next_event, sim_profile, wait_for
+from helpers import async_wait_for, carriers, next_event, sim_profile, until_event, wait_for
 
 from containers.conftest import ROOT, container_profile, containers_of, record_figure
 from tui.core.profile import load_profile
-from tui.core.state import CauseUpdated, Died, Ready, State
-from tui.supervise.supervisor import GpusSeen, Supervisor
+from tui.core.state import CauseUpdated, Died, Ready, Stalled, State
+from tui.supervise.supervisor import GpusSeen, StacksTaken, Supervisor
 
 DEAD_WORKER = re.compile(r"DEAD: (Worker_TP\d) \(pid (\d+), (\d+) in the container\) died")
 
@@ -219,3 +219,34 @@ def test_engine_core_killed_while_serving_is_dead_and_wait_until_dead_says_so(
     remove_containers.append(_run_id(again.stdout))
     assert containers_of(run_id) == [], "the next launch removes the crashed container"
     assert _cli("kill", str(profile), "--grace", "5").returncode == 0
+
+
+async def test_a_frozen_worker_in_a_container_is_stalled_and_its_stack_says_where(
+        tmp_path: Path, image: str, remove_containers, cleanup) -> None:
+    """A hang inside the container: a worker SIGSTOPped from the host is the stall's suspect
+    (by its host pid, named as the log names it), and the stacks taken on the stall are read
+    by the host's py-spy from the host pids: the simulated engine's own frames."""
+    sup = Supervisor(load_profile(container_profile(tmp_path, "hang", stall="3s")))
+    events = sup.subscribe()
+    try:
+        run = await sup.launch(skip_preflight=True)
+        remove_containers.append(run.run_id)
+        cleanup.append(run.run_id)
+        worker = await async_wait_for(
+            lambda: next((p for p, n in sup.machine.names().items()
+                          if n == "Worker_TP3" and sup.machine.container_pids.get(p)
+                          in sup.machine.log_names), None), 60, "Worker_TP3 logging")
+        os.kill(worker, signal.SIGSTOP)
+        stalled = await until_event(events, lambda e: isinstance(e, Stalled), 60, "STALLED")
+        first = stalled.suspects[0]
+        assert (first.name, first.pid) == ("Worker_TP3", worker) and "is stopped" in first.words()
+        taken = await until_event(events, lambda e: isinstance(e, StacksTaken), 90,
+                                  "the stacks taken on the stall")
+        frozen = {s.name: s for s in taken.stacks}["Worker_TP3"]
+        assert frozen.error is None and frozen.state == "stopped"
+        frames = [f for t in frozen.threads for f in t.frames]
+        assert any(f.path.endswith("tui/sim/worker.py") for f in frames), frames
+        killed = await sup.kill(2.0)  # a stopped process is continued, then goes
+        assert killed.remaining == () and containers_of(run.run_id) == []
+    finally:
+        await sup.close()
