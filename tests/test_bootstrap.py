@@ -79,3 +79,40 @@ def test_a_docker_daemon_that_cannot_be_started_fails_the_lanes_setup_in_one_lin
     assert bootstrap.ensure_docker("vllm") is False
     assert capfd.readouterr().err == ("vllm lane setup: docker does not answer and dockerd "
                                       "cannot be started here (needs root and docker.io)\n")
+
+
+def test_a_lane_that_needs_podman_and_cannot_install_it_fails_in_one_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The container lane runs under podman too: podman's packages are asked for (catatonit
+    with it: `--init`), and their absence is the lane's one line."""
+    asked: list[dict[str, str]] = []
+
+    def packages(tools: dict[str, str]) -> str | None:
+        asked.append(tools)
+        return "podman, catatonit missing and not root to install them" if "podman" in tools \
+            else None
+
+    monkeypatch.setattr(bootstrap, "ensure_packages", packages)
+    assert bootstrap.ensure_docker("container", ("docker", "podman")) is False
+    assert asked == [bootstrap.CONTAINER_TOOLS["docker"], bootstrap.CONTAINER_TOOLS["podman"]]
+    assert "catatonit" in bootstrap.CONTAINER_TOOLS["podman"].values()
+    assert capsys.readouterr().err == (
+        "container lane setup: podman, catatonit missing and not root to install them\n")
+
+
+def test_a_podman_that_does_not_answer_fails_the_lanes_setup_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """podman has no daemon to start: `podman info` failing is the lane's one line, its last
+    word quoted."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "podman").write_text("#!/bin/sh\necho 'Error: cannot set up namespace' >&2\n"
+                                  "exit 125\n")
+    (tools / "podman").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tools))
+    monkeypatch.setattr(bootstrap, "ensure_packages", lambda tools: None)
+    monkeypatch.setattr(bootstrap, "VENV", Path(sys.prefix))
+    assert bootstrap.ensure_docker("container", ("podman",)) is False
+    assert capfd.readouterr().err == (
+        "container lane setup: podman info fails: Error: cannot set up namespace\n")

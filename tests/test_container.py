@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tui.agent.container import Box, run_argv
+from tui.agent.container import Box, remove_ended, run_argv
+from tui.agent.names import vllm_name
 from tui.agent.procfs import read_nspid
+from tui.agent.wire import AgentFailure
 from tui.core.container import container_spec, gpu_args, run_options
 from tui.core.describe import death_lines
 from tui.core.errors import ProfileError
@@ -105,6 +107,44 @@ def test_the_command_entrypoint_runs_the_built_server_command_with_the_image_pyt
     spec = container_spec(profile, "s-1", plan_launch(profile, {"HF_TOKEN": "x" * 8}).argv,
                           [])
     assert spec["command"][:3] == ["python3", "-m", "sglang.launch_server"]
+
+
+# podman 4 refuses the whole `ps` for a status it does not know ("dead": exit 125)
+FAKE_PODMAN = """#!/bin/sh
+echo "$@" >> "$0.calls"
+case "$*" in *status=dead*) echo 'Error: unknown container state: dead' >&2; exit 125;; esac
+case "$1" in ps) echo c0ffee;; esac
+"""
+
+
+def _box(runtime: str) -> Box:
+    return Box({"runtime": runtime, "name": "specconsole-r", "image": "i", "options": [],
+                "command": [], "profile_label": "specconsole.profile=p"})
+
+
+def test_the_profiles_ended_containers_are_found_with_the_statuses_each_runtime_knows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "podman"
+    fake.write_text(FAKE_PODMAN)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert remove_ended(_box("podman")) == ["c0ffee"]
+    calls = (tmp_path / "podman.calls").read_text().splitlines()
+    assert "label=specconsole.profile=p" in calls[0] and "status=stopped" in calls[0]
+    assert calls[1] == "rm c0ffee"
+    (tmp_path / "docker").write_text(FAKE_PODMAN)  # refuses "dead" as podman would
+    (tmp_path / "docker").chmod(0o755)
+    with pytest.raises(AgentFailure, match=r"^`docker ps` cannot list the profile's ended "
+                                           r"containers: Error: unknown container state: dead$"):
+        remove_ended(_box("docker"))
+
+
+@pytest.mark.parametrize(("init", "comm"), [("/sbin/docker-init", "docker-init"),
+                                           ("/run/podman-init", "podman-init")])
+def test_a_containers_init_is_named_by_itself_never_as_the_server(init: str, comm: str) -> None:
+    argv = [init, "--", "sh", "-c", 'exec "$@" >>/run/specconsole/server.log 2>&1', "sh",
+            "vllm", "serve", "/models/m"]
+    assert vllm_name(argv, comm, top=True) == comm
 
 
 def test_nspid_is_none_for_a_host_process() -> None:

@@ -290,19 +290,25 @@ def ensure_lab_env() -> tuple[Path | None, str]:
     return root, f"made in {time.monotonic() - started:.0f} s"
 
 
-CONTAINER_TOOLS = {"docker": "docker.io", "dockerd": "docker.io"}
+# Each runtime's tools and their Debian packages: podman's `--init` runs catatonit, which
+# Debian's podman only recommends (`podman run --init` fails without it).
+CONTAINER_TOOLS = {"docker": {"docker": "docker.io", "dockerd": "docker.io"},
+                   "podman": {"podman": "podman", "/usr/libexec/podman/catatonit": "catatonit"}}
 
 
-def ensure_docker(lane: str) -> bool:
-    """docker.io installed when missing (as root), dockerd started when `docker info` fails,
-    the lane's image built locally (tests/containers/setup_docker.py; no registry). False
-    after the one line `<lane> lane setup: why`."""
-    why = ensure_packages(CONTAINER_TOOLS)
-    if why is not None:
-        print(f"{lane} lane setup: {why}", file=sys.stderr)
-        return False
+def ensure_docker(lane: str, runtimes: tuple[str, ...] = ("docker",)) -> bool:
+    """Each runtime's packages installed when missing (as root), dockerd started when `docker
+    info` fails, `podman info` answering, the lane's image built locally in each runtime's store
+    (tests/containers/setup_docker.py; no registry). False after the one line `<lane> lane
+    setup: why`."""
+    for runtime in runtimes:
+        why = ensure_packages(CONTAINER_TOOLS[runtime])
+        if why is not None:
+            print(f"{lane} lane setup: {why}", file=sys.stderr)
+            return False
     setup = ROOT / "tests" / "containers" / "setup_docker.py"
-    return subprocess.run([str(_python()), str(setup), lane], cwd=ROOT).returncode == 0
+    return subprocess.run([str(_python()), str(setup), lane, *runtimes],
+                          cwd=ROOT).returncode == 0
 
 
 def run_lab_lane(extra_args: list[str]) -> int:
@@ -328,11 +334,11 @@ def run_lab_lane(extra_args: list[str]) -> int:
 
 
 def run_containers_lane(extra_args: list[str]) -> int:
-    """The simulated engine in docker containers, through the real daemon (ensure_docker),
-    then the tests marked `containers`. A setup failure is its one line and exit 1: never a
-    skip."""
+    """The simulated engine in docker containers, through the real daemon, and in podman's
+    (ensure_docker), then the tests marked `containers`. A setup failure is its one line and
+    exit 1: never a skip."""
     started = time.monotonic()
-    if not ensure_docker("container"):
+    if not ensure_docker("container", ("docker", "podman")):
         return 1
     code = _lane_tests("container", "containers", "tests/containers",
                        "SPECCONSOLE_CONTAINERS_FIGURES", extra_args)

@@ -23,6 +23,9 @@ from .rundir import ENV_KEY, PULLING, write_json_atomic
 from .wire import AgentFailure, SpecError, spec_strings, spec_value
 
 CLI_TIMEOUT = 60.0  # seconds for one quick runtime call (inspect, ps, rm)
+# `ps --filter status=` values of a container that has ended or never ran: podman knows no
+# "dead" (it refuses the whole call) and says "stopped" before its cleanup makes it "exited"
+ENDED = {"docker": ("exited", "created", "dead"), "podman": ("exited", "created", "stopped")}
 
 
 class Box:
@@ -68,9 +71,12 @@ def cli(runtime: str, *args: str, timeout: float | None = CLI_TIMEOUT,
 def remove_ended(box: Box) -> list[str]:
     """The profile's earlier containers that have ended (kept so that their exit reason could
     be read) are removed now, as its next launch starts; a running one is left alone."""
-    found = cli(box.runtime, "ps", "-aq", "--filter", f"label={box.profile_label}",
-                "--filter", "status=exited", "--filter", "status=created",
-                "--filter", "status=dead").stdout.split()
+    statuses = [w for status in ENDED[box.runtime] for w in ("--filter", f"status={status}")]
+    done = cli(box.runtime, "ps", "-aq", "--filter", f"label={box.profile_label}", *statuses)
+    if done.returncode != 0:
+        raise AgentFailure("container", f"`{box.runtime} ps` cannot list the profile's ended "
+                           f"containers: {done.stderr.strip() or done.stdout.strip()}")
+    found = done.stdout.split()
     if found:
         cli(box.runtime, "rm", *found)
     return found

@@ -28,8 +28,9 @@ _RAY_SCRIPTS = (("ray/_private/log_monitor.py", "log_monitor"),
 _RAY_BINARIES = ("gcs_server", "raylet", "plasma_store", "redis-server")
 
 
-# a container's init (`docker run --init`, podman's): the server is its child, never itself
-CONTAINER_INITS = ("docker-init", "tini", "catatonit")
+# a container's init (`docker run --init`; podman's is catatonit, mounted as /run/podman-init):
+# the server is its child, never itself
+CONTAINER_INITS = ("docker-init", "podman-init", "tini", "catatonit")
 
 
 def vllm_name(argv: list[str] | None, comm: str, top: bool) -> str:
