@@ -116,3 +116,16 @@ def test_a_podman_that_does_not_answer_fails_the_lanes_setup_in_one_line(
     assert bootstrap.ensure_docker("container", ("podman",)) is False
     assert capfd.readouterr().err == (
         "container lane setup: podman info fails: Error: cannot set up namespace\n")
+
+
+def test_drift_names_what_moved_since_the_lock_and_nothing_else() -> None:
+    """`test --latest`'s one line: the installed packages whose version is not the lock's; the
+    lock's packages for other Pythons or platforms (not installed here) are no drift."""
+    locked = bootstrap._versions("# uv export\ncryptography==46.0.3 \\\n"
+                                 "    ; python_version >= '3.8'\ntextual==8.2.8\n"
+                                 "tomli==2.5.0 ; python_full_version < '3.11'\n-e .\n")
+    latest = bootstrap._versions("cryptography==51.0.1\ntextual==8.2.8\nnew_dep==1.0\n"
+                                 "-e file:///work/main\nspecconsole==0.1.0\n")
+    assert locked == {"cryptography": "46.0.3", "textual": "8.2.8", "tomli": "2.5.0"}
+    assert bootstrap.drift(locked, latest) == "cryptography 46.0.3 → 51.0.1, new-dep — → 1.0"
+    assert bootstrap.drift(locked, {"textual": "8.2.8"}) == "none"

@@ -120,15 +120,17 @@ def _versions(lines: str) -> dict[str, str]:
     for line in lines.splitlines():
         name, sep, version = line.partition("==")
         if sep and not line.startswith(("#", " ", "-")):
-            found[name.strip().lower().replace("_", "-")] = version.split(";")[0].strip()
+            found[name.strip().lower().replace("_", "-")] = version.replace(";", " ").split()[0]
     return found
 
 
 def drift(locked: dict[str, str], latest: dict[str, str]) -> str:
-    """The packages whose newest allowed version differs from the lock, as one line."""
-    moved = [f"{name} {locked.get(name, '—')} → {latest.get(name, '—')}"
-             for name in sorted({*locked, *latest}) if locked.get(name) != latest.get(name)
-             and name != "specconsole"]
+    """The installed packages whose newest allowed version differs from the lock (or that the
+    lock lacks), as one line. The lock's packages for other Pythons or platforms (tomli on
+    3.10, colorama on Windows) are not installed here, and are no drift."""
+    moved = [f"{name} {locked.get(name, '—')} → {version}"
+             for name, version in sorted(latest.items())
+             if locked.get(name) != version and name != "specconsole"]
     return ", ".join(moved) or "none"
 
 
@@ -139,14 +141,19 @@ def run_latest(extra_args: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="specconsole-latest-") as tmp:
         latest_venv = Path(tmp) / "venv"
         env = _uv_env(latest_venv)
-        subprocess.run([str(uv), "venv", "--quiet", str(latest_venv)], env=env, check=True)
-        subprocess.run([str(uv), "pip", "install", "--quiet", "--upgrade", "-e", ".[test]"],
-                       cwd=ROOT, env=env, check=True)
+        # every uv call names its interpreter: uv pip acts on UV_PYTHON (this interpreter,
+        # outside any venv) unless told which one
+        target = ["--python", str(_python(latest_venv))]
+        subprocess.run([str(uv), "venv", "--quiet", "--python", sys.executable,
+                        str(latest_venv)], env=env, check=True)
+        subprocess.run([str(uv), "pip", "install", "--quiet", "--upgrade", *target, "-e",
+                        ".[test]"], cwd=ROOT, env=env, check=True)
         locked = _versions(subprocess.run(
             [str(uv), "export", "--frozen", "--no-hashes", "--extra", "test", "--quiet"],
             cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout)
-        latest = _versions(subprocess.run([str(uv), "pip", "freeze"], cwd=ROOT, env=env,
-                                          check=True, capture_output=True, text=True).stdout)
+        latest = _versions(subprocess.run([str(uv), "pip", "freeze", *target], cwd=ROOT,
+                                          env=env, check=True, capture_output=True,
+                                          text=True).stdout)
         moved = drift(locked, latest)
         print(f"bootstrap: newest allowed versions that differ from uv.lock: {moved}",
               flush=True)
