@@ -75,7 +75,7 @@ def test_explain_json_is_pure_json() -> None:
 
 def test_wait_json_is_pure_json_and_stderr_is_ours(tmp_path: Path) -> None:
     """A real launch of the simulated engine to READY: every stdout line parses as JSON."""
-    profile = sim_profile(tmp_path, "ready", time_scale=200.0)
+    profile = sim_profile(tmp_path, "ready", time_scale=1000.0)
     try:
         result = _cli("wait", "--launch", "--json", "--timeout", "60", str(profile))
         assert result.returncode == 0, result.stderr
