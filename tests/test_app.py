@@ -79,12 +79,19 @@ async def test_syntax_error_banner_over_ssh(tmp_path: Path, ssh_server: SSHTestS
     await _story(tmp_path, Supervisor(load_profile(profile), opener=opener), cleanup)
 
 
-async def _story(tmp_path: Path, sup: Supervisor, cleanup: list[str]) -> None:
-    """The engineer's night: a worker dies of a SyntaxError; the console says so at once."""
+def _alerting_console(tmp_path: Path, sup: Supervisor
+                      ) -> tuple[ConsoleApp, Path, list[float]]:
+    """The console inside a fake tmux (its calls recorded), each ring of its bell timed."""
     env, record = fake_tmux(tmp_path)
     app = ConsoleApp(sup, env=env, kill_grace=1.0)
     bells: list[float] = []
     app.bell = lambda: bells.append(time.time())  # type: ignore[method-assign]
+    return app, record, bells
+
+
+async def _story(tmp_path: Path, sup: Supervisor, cleanup: list[str]) -> None:
+    """The engineer's night: a worker dies of a SyntaxError; the console says so at once."""
+    app, record, bells = _alerting_console(tmp_path, sup)
     async with app.run_test(size=(200, 50)) as pilot:
         await until(pilot, lambda: sup.run is not None, what="launch")
         cleanup.append(sup.run.run_id)
@@ -225,10 +232,7 @@ async def test_not_ready_within_ready_timeout_alerts_like_a_stall(
     path.write_text(path.read_text().replace(
         "[expect]\n", f'[expect]\nready_timeout = "3s"\non_ready_timeout = "{on_ready_timeout}"\n'))
     sup = Supervisor(load_profile(path))
-    env, record = fake_tmux(tmp_path)
-    app = ConsoleApp(sup, env=env, kill_grace=1.0)
-    bells: list[float] = []
-    app.bell = lambda: bells.append(time.time())  # type: ignore[method-assign]
+    app, record, bells = _alerting_console(tmp_path, sup)
     async with app.run_test(size=(200, 50)) as pilot:
         await until(pilot, lambda: sup.run is not None, what="launch")
         run_id = sup.run.run_id
