@@ -9,7 +9,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import signal
 import sqlite3
 import sys
 import time
@@ -20,7 +19,7 @@ from typing import Any
 from rich.console import Console
 
 from tui.cli.cluster import check_cluster, kill_cluster, launch_cluster
-from tui.cli.exit_codes import EXIT_ERROR, EXIT_PREFLIGHT, EXIT_USAGE
+from tui.cli.exit_codes import EXIT_ERROR, EXIT_HANGUP, EXIT_PREFLIGHT, EXIT_USAGE
 from tui.cli.follow import OneHost, SeveralHosts, follow
 from tui.cli.status import run_state, status_lines
 from tui.console.heap import QuietCollector, settle_heap
@@ -44,17 +43,13 @@ from tui.core.stacks import stack_lines
 from tui.core.state import LinesAdded, State
 from tui.supervise.group import ClusterRun, run_of
 from tui.supervise.history import History, diff
-from tui.supervise.runs import Run
+from tui.supervise.runs import HANGUP_SIGNALS, Run
 from tui.supervise.supervisor import (
     Fatal,
     Notice,
     RunStarted,
     Supervisor,
 )
-
-# What ends a command from outside: the terminal hung up, or a polite TERM.
-HANGUP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
-EXIT_HANGUP = 128 + signal.SIGHUP
 
 
 def _err(message: str) -> None:

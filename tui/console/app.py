@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -55,7 +54,7 @@ from tui.core.logwindow import DEFAULT_CAP, LogWindow
 from tui.core.protocol import GpuHolder, Leftover, leftover_words
 from tui.core.state import State
 from tui.core.status import status_line
-from tui.supervise.runs import Member, Run, SingleRun
+from tui.supervise.runs import HANGUP_SIGNALS, Member, Run, SingleRun
 from tui.supervise.supervisor import StacksTaken, Supervisor
 
 PAGE_BYTES = 256 * 1024  # one scroll-back page fetched from the host
@@ -91,8 +90,6 @@ class Watch:
         return self.member.sup
 
 
-# What ends the console from outside: a hangup, and a polite TERM.
-HANGUP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
 
 
 class ConsoleApp(App[str]):

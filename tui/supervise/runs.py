@@ -7,10 +7,16 @@ hosts is started, killed and restarted by its own coordinator, never member by m
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from typing import Protocol
 
 from tui.supervise.supervisor import Supervisor
+
+# What ends a watcher (the console, the headless demo) from outside: its terminal hung up (a
+# tmux window closed, the SSH session to the jump host dropped), or a polite TERM. The servers
+# it watches live on; the demo stops its own.
+HANGUP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
 
 
 @dataclass(frozen=True, slots=True)
