@@ -110,3 +110,42 @@ def test_a_hung_up_console_leaves_the_server_and_attach_uses_its_launch(
     killed = subprocess.run([sys.executable, "-m", "tui", "kill", "--grace", "2", str(profile)],
                             cwd=ROOT, capture_output=True, text=True, timeout=90)
     assert "no process of the run remains" in killed.stdout, killed.stdout + killed.stderr
+
+
+_DRAWS_ON_AFTER_HANGUP = """
+import asyncio, signal, sys
+from textual.app import App
+from textual.widgets import Static
+from tui.console.terminal import ConsoleDriver
+
+class Busy(App[None]):
+    def compose(self):
+        yield Static("0", id="n")
+    def on_mount(self):
+        self.n = 0
+        self.set_interval(0.005, self.draw)
+        asyncio.get_running_loop().add_signal_handler(
+            signal.SIGHUP, lambda: self.set_timer(2.0, self.exit))
+    def draw(self):
+        self.n += 1
+        self.query_one("#n", Static).update(str(self.n))
+        if self.n == 50:
+            open(sys.argv[1], "w").close()
+
+Busy(driver_class=ConsoleDriver).run()
+"""
+
+
+def test_frames_drawn_after_a_hangup_do_not_wedge_the_console(tmp_path: Path) -> None:
+    """With Textual's own driver the writer thread dies on the first EIO and the app blocks
+    on the full frame queue for good (this test then times out: checked on textual 8.2).
+    The console's driver drops those frames, so an app drawing for 2 s after the hangup
+    still leaves."""
+    drawn = tmp_path / "drawn"
+    term = Terminal([sys.executable, "-c", _DRAWS_ON_AFTER_HANGUP, str(drawn)],
+                    {**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        wait_for(drawn.exists, 30, "the app draws its 50th frame")
+        assert term.hang_up() == 0
+    finally:
+        term.proc.kill()

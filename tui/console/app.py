@@ -43,6 +43,7 @@ from tui.console.messages import (
 from tui.console.screens.confirm import ConfirmScreen
 from tui.console.screens.help import HelpScreen
 from tui.console.screens.stacks import StacksScreen
+from tui.console.terminal import ConsoleDriver
 from tui.console.widgets.fleet import FleetRow, FleetTable
 from tui.console.widgets.logs import LogPane, NeedOlder
 from tui.console.widgets.member import MemberPanes
@@ -107,7 +108,7 @@ class ConsoleApp(App[str]):
                  kill_leftovers: bool = False, heap: QuietCollector | None = None) -> None:
         """`runs`: one Supervisor (a run on one host) or the runs of a fleet; `profile_arg`:
         how the user named each run's profile (one per run), for the words on quitting."""
-        super().__init__()
+        super().__init__(driver_class=ConsoleDriver)
         # no scroll animations: over SSH in tmux each frame of one is sent, and a key (home,
         # page up) must land at once, the older page it asks for read while the user waits
         self.animation_level = "none"

@@ -10,6 +10,8 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
+from tui.console.terminal import ConsoleDriver
+
 
 class PickerApp(App[Path | None]):
     """Lists the profiles found; Enter returns the chosen path, q or Esc returns None."""
@@ -19,7 +21,7 @@ class PickerApp(App[Path | None]):
         Binding("q,escape", "exit_none", "Quit", id="picker-quit")]
 
     def __init__(self, profiles: list[Path]) -> None:
-        super().__init__()
+        super().__init__(driver_class=ConsoleDriver)
         self.profiles = profiles
 
     def compose(self) -> ComposeResult:
