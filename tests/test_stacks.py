@@ -17,7 +17,7 @@ import pytest
 from helpers import carriers, sim_profile, until, until_event, wait_for
 from test_bad_input import _opener
 
-from tui.agent.stacks import _why
+from tui.agent.stacks import IN_CONTAINER_PTRACE_FIX, Dumper, _why
 from tui.console.app import ConsoleApp
 from tui.console.screens.stacks import StacksScreen
 from tui.core.profile import load_profile
@@ -71,11 +71,24 @@ def test_uninterruptible_sleep_spinning_and_all_asleep() -> None:
 
 
 def test_why_py_spy_failed_says_the_fix() -> None:
-    assert _why("Error: Failed to find python version from target process", 5) == \
-        "not a Python process"
-    refused = _why("Error: Permission denied (os error 13)", 7)
+    host = Dumper("/usr/bin/py-spy")
+    assert _why("Error: Failed to find python version from target process", 5,
+                host.ptrace_fix) == "not a Python process"
+    refused = _why("Error: Permission denied (os error 13)", 7, host.ptrace_fix)
     assert refused.startswith("the kernel refused to let py-spy read pid 7 (ptrace): ")
     assert "SYS_PTRACE" in refused or "ptrace_scope" in refused
+    inside = Dumper("py-spy", {"runtime": "docker", "name": "sc-x"})
+    assert _why("Error: Operation not permitted (os error 1)", 7, inside.ptrace_fix).endswith(
+        IN_CONTAINER_PTRACE_FIX)
+
+
+def test_a_dump_inside_a_container_asks_by_the_pid_the_container_knows() -> None:
+    """This process is in the host's pid namespace: no pid inside a container to ask by."""
+    inside = Dumper("/opt/venv/bin/py-spy", {"runtime": "podman", "name": "sc-x"})
+    assert inside.argv(os.getpid()) is None
+    assert "inside container sc-x" in inside.where
+    assert Dumper("/usr/bin/py-spy").argv(42) == [
+        "/usr/bin/py-spy", "dump", "--full-filenames", "--pid", "42"]
 
 
 # -- py-spy's real output ------------------------------------------------------------------------

@@ -14,9 +14,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from helpers import async_wait_for, carriers, next_event, sim_profile, until_event, wait_for
 
 from containers.conftest import ROOT, container_profile, containers_of, record_figure
+from tui.core.errors import SpecconsoleError
 from tui.core.profile import load_profile
 from tui.core.state import CauseUpdated, Died, Ready, Stalled, State
 from tui.supervise.supervisor import GpusSeen, StacksTaken, Supervisor
@@ -257,3 +259,65 @@ async def test_a_frozen_worker_in_a_container_is_stalled_and_its_stack_says_wher
         assert killed.remaining == () and containers_of(run.run_id) == []
     finally:
         await sup.close()
+
+
+def _python_without_pyspy(tmp: Path) -> Path:
+    """This venv again under `tmp` (its pyvenv.cfg, its site-packages), with no py-spy beside
+    its python: a GPU host whose Python has no py-spy."""
+    venv = Path(sys.prefix)
+    clone = tmp / "host-venv"
+    (clone / "bin").mkdir(parents=True)
+    (clone / "pyvenv.cfg").write_text((venv / "pyvenv.cfg").read_text())
+    (clone / "lib").symlink_to(venv / "lib")
+    (clone / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
+    return clone / "bin" / "python"
+
+
+async def _stacks_of_a_worker(tmp: Path, container_python: str | None) -> StacksTaken:
+    """Launch the simulated engine in a container whose host has no py-spy, wait for a worker
+    to log, take the stacks; the run is killed and its container removed."""
+    tmp.mkdir()
+    profile = container_profile(tmp, "ready", time_scale=30.0)
+    text = profile.read_text().replace(f'python = "{sys.executable}"',
+                                       f'python = "{_python_without_pyspy(tmp)}"', 1)
+    if container_python is not None:
+        text = text.replace(f'python = "{os.path.realpath(sys.executable)}"',
+                            f'python = "{container_python}"')
+    profile.write_text(text)
+    sup = Supervisor(load_profile(profile))
+    try:
+        run = await sup.launch(skip_preflight=True)
+        try:
+            await async_wait_for(lambda: "Worker_TP3" in sup.machine.names().values(), 60,
+                                 "Worker_TP3 running")
+            return await sup.stacks()
+        finally:
+            await sup.kill(2.0)
+            assert containers_of(run.run_id) == []
+    finally:
+        await sup.close()
+
+
+async def test_stacks_are_taken_inside_the_container_when_the_host_has_no_pyspy(
+        tmp_path: Path, image: str, monkeypatch, remove_containers) -> None:
+    """No py-spy beside the host's Python nor on the agent's PATH: the image's py-spy (beside
+    its Python, as in vllm/vllm-openai's venv) reads each process by its pid in the container,
+    and the stacks name them as the host does; with none in the image either, one line says
+    where py-spy was looked for and the fix."""
+    path = [d for d in os.environ["PATH"].split(os.pathsep)
+            if not os.access(os.path.join(d, "py-spy"), os.X_OK)]
+    monkeypatch.setenv("PATH", os.pathsep.join(path))
+    taken = await _stacks_of_a_worker(tmp_path / "with", None)
+    by_name = {s.name: s for s in taken.stacks}
+    worker = by_name["Worker_TP3"]
+    assert worker.error is None, worker.error
+    assert any(f.path.endswith("tui/sim/worker.py") for t in worker.threads for f in t.frames)
+    saved = Path(taken.path).read_text()
+    assert saved.startswith("# stacks by py-spy inside container "), saved[:200]
+    assert "the host has none" in saved.splitlines()[0]
+
+    with pytest.raises(SpecconsoleError) as refused:
+        await _stacks_of_a_worker(tmp_path / "without", "python3")
+    said = str(refused.value)
+    assert "py-spy is neither on the host" in said and "nor in container specconsole-" in said
+    assert "\n" not in said and "pip install py-spy" in said

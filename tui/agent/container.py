@@ -43,10 +43,13 @@ class Box:
         self.profile_label = spec_value(spec, "profile_label", str)
         self.mount = spec_value(spec, "mount", str, "/run/specconsole")
         self.pull = spec_value(spec, "pull", str, "missing")
+        self.python = spec_value(spec, "python", str, "python3")
 
     def record(self) -> dict:
-        """What launch.json keeps: enough for watch and kill to find the container again."""
-        return {"runtime": self.runtime, "name": self.name, "image": self.image}
+        """What launch.json keeps: enough for watch and kill to find the container again, and
+        for stacks to find py-spy beside the image's Python."""
+        return {"runtime": self.runtime, "name": self.name, "image": self.image,
+                "python": self.python}
 
 
 def client_env() -> dict[str, str]:

@@ -49,9 +49,13 @@ def cmd_preflight(spec: dict) -> int:
         add("path", exists, f"{path} exists" if exists else f"{path} does not exist")
     if spec_value(spec, "stacks", bool, False):
         pyspy = find_pyspy()
+        missing = (f"py-spy not found for {sys.executable} nor on PATH: stacks will be read "
+                   "inside the container if its image has py-spy — else "
+                   if box is not None else
+                   f"py-spy not found for {sys.executable} nor on PATH: no stacks on a stall "
+                   "or on key d — ")
         add("pyspy", pyspy is not None, f"py-spy found ({pyspy}): stacks on key d and on a "
-            "stall" if pyspy else f"py-spy not found for {sys.executable} nor on PATH: no "
-            f"stacks on a stall or on key d — {PYSPY_FIX}", "warning")
+            "stall" if pyspy else missing + PYSPY_FIX, "warning")
     expect = spec_value(spec, "expect_gpus", int, None)
     if expect is not None:
         gpus = gpus or Gpus()

@@ -91,7 +91,7 @@ class Run:
 
     @property
     def container(self) -> dict | None:
-        """{runtime, name, image} of a containerised run (see container.Box.record), or of
+        """{runtime, name, image, python} of a containerised run (see container.Box.record), or of
         the container an attached run follows (by id: its name may be taken again)."""
         facts = self.attached
         box = self.launch.get("container") if facts is None or facts.get("kind") != "container" \

@@ -104,7 +104,7 @@ def container_spec(profile: Profile, run_id: str, server_argv: list[str],
             "options": run_options(profile, run_id, env_names), "image": config.image,
             "entrypoint": config.entrypoint, "command": command,
             "profile_label": f"{LABEL_PROFILE}={profile.key}", "mount": RUN_DIR_MOUNT,
-            "pull": config.pull}
+            "pull": config.pull, "python": config.python}
 
 
 def shm_bytes(size: str) -> int | None:
