@@ -1,7 +1,7 @@
 """`specconsole attach --container`: a container started by the test with plain `docker run`
-(not by specconsole) is followed to READY; a worker SIGKILLed from the host is DEAD with its
-container pid and host pid; its log, copied from `docker logs`, has every line once across a
-re-attach; a kill without --yes is refused."""
+or `podman run` (not by specconsole) is followed to READY; a worker SIGKILLed from the host
+is DEAD with its container pid and host pid; its log, copied from `docker logs` (podman's),
+has every line once across a re-attach; a kill without --yes is refused."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from helpers import free_port, next_event, wait_for
 
-from containers.conftest import ROOT
+from containers.conftest import ROOT, podman_ulimits
+from containers.setup_docker import IMAGE
 from tui.core.attach import attach_profile
 from tui.core.profile import AttachTarget
 from tui.core.state import Died, Ready, State
@@ -24,27 +25,28 @@ from tui.supervise.supervisor import Supervisor
 
 
 @pytest.fixture
-def colleagues(tmp_path: Path, image: str) -> Iterator[tuple[str, int]]:
-    """`docker run -d` of the lane's image (its ENTRYPOINT: the simulated `vllm serve`), as a
-    colleague would start it; removed (forced) whatever the test did."""
+def colleagues(tmp_path: Path, runtime: str) -> Iterator[tuple[str, int, str]]:
+    """`docker run -d` (or podman's) of the lane's image (its ENTRYPOINT: the simulated `vllm
+    serve`), as a colleague would start it; removed (forced) whatever the test did."""
     port = free_port()
     home = Path(sys.base_prefix)
     name = f"colleague-{os.getpid()}-{port}"
     volumes = ["/usr:/usr:ro", f"{home}:{home}:ro", f"{ROOT}:{ROOT}:ro", f"{tmp_path}:{tmp_path}"]
-    subprocess.run(["docker", "run", "-d", "--name", name, "--init", "--network", "host",
-                    "-e", f"PYTHONPATH={ROOT}", "-e", "PYTHONUNBUFFERED=1",
-                    *[a for v in volumes for a in ("-v", v)], image, "/models/Kimi-K2.5",
+    limits = podman_ulimits() if runtime == "podman" else []
+    subprocess.run([runtime, "run", "-d", "--name", name, "--init", "--network", "host",
+                    *limits, "-e", f"PYTHONPATH={ROOT}", "-e", "PYTHONUNBUFFERED=1",
+                    *[a for v in volumes for a in ("-v", v)], IMAGE, "/models/Kimi-K2.5",
                     "--port", str(port), "--tensor-parallel-size", "4", "--sim-scenario",
                     "ready", "--sim-time-scale", "300", "--sim-gpus", "4", "--sim-gpu-state",
                     str(tmp_path / "gpus")], check=True, capture_output=True, timeout=120)
     try:
-        yield name, port
+        yield name, port, runtime
     finally:
-        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
+        subprocess.run([runtime, "rm", "-f", name], capture_output=True, timeout=60)
 
 
-def _docker_logs(name: str) -> bytes:
-    done = subprocess.run(["docker", "logs", name], capture_output=True, timeout=60)
+def _runtime_logs(runtime: str, name: str) -> bytes:
+    done = subprocess.run([runtime, "logs", name], capture_output=True, timeout=60)
     return done.stdout + done.stderr
 
 
@@ -69,9 +71,9 @@ def _worker(top: int, name: str) -> int:
 
 
 async def test_attach_container_ready_dead_worker_with_both_pids_log_once_across_reattach(
-        tmp_path: Path, colleagues: tuple[str, int]) -> None:
-    name, port = colleagues
-    profile = attach_profile(AttachTarget(container=name), port=port,
+        tmp_path: Path, colleagues: tuple[str, int, str]) -> None:
+    name, port, runtime = colleagues
+    profile = attach_profile(AttachTarget(container=name, runtime=runtime), port=port,
                              runs_dir=str(tmp_path / "runs"), python=sys.executable)
     first = Supervisor(profile)
     events = first.subscribe()
@@ -89,7 +91,8 @@ async def test_attach_container_ready_dead_worker_with_both_pids_log_once_across
         assert again.run_id == run.run_id and again.pid == run.pid
         await next_event(events, Ready)
         refused = subprocess.run(
-            [sys.executable, "-m", "tui", "kill", "--container", name, "--runs-dir",
+            [sys.executable, "-m", "tui", "kill", "--container", name, "--runtime", runtime,
+             "--runs-dir",
              str(tmp_path / "runs"), "--python", sys.executable], cwd=ROOT, text=True,
             capture_output=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert refused.returncode == 2 and "--yes" in refused.stderr, refused.stderr
@@ -103,10 +106,11 @@ async def test_attach_container_ready_dead_worker_with_both_pids_log_once_across
     finally:
         await second.close()
     exit_json = Path(run.run_dir) / "exit.json"
-    subprocess.run(["docker", "stop", "--time", "5", name], capture_output=True, timeout=60)
+    subprocess.run([runtime, "stop", "--time", "5", name], capture_output=True, timeout=60)
     wait_for(exit_json.exists, 60, "the helper's exit.json once the container ended")
     copied = Counter((Path(run.run_dir) / "server.log").read_bytes().splitlines())
-    logged = Counter(_docker_logs(name).splitlines())  # stdout's and stderr's, each in order
+    # stdout's and stderr's lines, each stream in order
+    logged = Counter(_runtime_logs(runtime, name).splitlines())
     assert sum((logged - copied).values()) == 0, "lines lost"
     assert sum((copied - logged).values()) == 0, "lines copied twice"
     assert sum(copied.values()) > 50
