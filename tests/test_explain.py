@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tui.core.explain import explain
+from tui.core.explain import explain, explanation_lines
 from tui.core.failures import by_id
 from tui.core.noise import rule_from_pattern
 from tui.core.phases import Phase
@@ -61,7 +61,10 @@ def test_the_story_crash() -> None:
 def test_to_json_schema() -> None:
     data = explain(CRASH).to_json()
     # the schema grew (issue 15): a cause's class and hint, a cut traceback, per-service verdicts
-    assert list(data) == ["outcome", "last_phase", "root_cause", "symptoms", "hidden", "services"]
+    # ... and a runner-up when the ranking was not sure (issue 28)
+    assert list(data) == ["outcome", "last_phase", "root_cause", "runner_up", "symptoms",
+                          "hidden", "services"]
+    assert data["runner_up"] is None
     assert data["outcome"] == "crashed" and data["last_phase"] == "config"
     assert data["root_cause"] == {
         "line": f"SyntaxError: invalid syntax ({KIMI}, line 12)", "process": "EngineCore_DP0",
@@ -70,7 +73,45 @@ def test_to_json_schema() -> None:
     assert json.loads(json.dumps(data)) == data
     assert explain(READY).to_json()["root_cause"] is None
     assert explain([]).to_json() == {"outcome": "unknown", "last_phase": None, "root_cause": None,
-                                     "symptoms": [], "hidden": {}, "services": None}
+                                     "runner_up": None, "symptoms": [], "hidden": {},
+                                     "services": None}
+
+
+# Two reports of a failure elsewhere and nothing else: the first is named, the second shown as
+# the runner-up (a user shown two loses a second; shown the wrong one loses the night).
+ELSEWHERE_ONLY = [
+    "Traceback (most recent call last):",
+    '  File "/venv/ray/_private/worker.py", line 2771, in get',
+    "    raise value",
+    "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.",
+    "INFO 12-03 08:18:45 [registry.py:1120] inspecting the model in a subprocess",
+    "Traceback (most recent call last):",
+    '  File "/usr/lib/python3.12/subprocess.py", line 571, in run',
+    "    raise CalledProcessError(retcode, process.args,",
+    "subprocess.CalledProcessError: Command '['python3', '-m', 'inspect']' returned non-zero "
+    "exit status 1.",
+]
+
+
+def test_a_cause_that_only_reports_a_failure_elsewhere_comes_with_its_runner_up() -> None:
+    result = explain(ELSEWHERE_ONLY)
+    assert result.outcome == "crashed"
+    assert result.root_cause is not None and result.root_cause.line.startswith(
+        "ray.exceptions.ActorDiedError")
+    assert result.runner_up is not None
+    assert result.runner_up.line.startswith("subprocess.CalledProcessError")
+    said = explanation_lines(result)
+    assert any(line.startswith("runner-up:     subprocess.CalledProcessError") for line in said)
+    assert any("(considered: " in line for line in said)
+    data = result.to_json()["runner_up"]
+    assert data["line"].startswith("subprocess.CalledProcessError") and data["reasons"]
+
+
+def test_a_clear_cause_has_no_runner_up() -> None:
+    """The story's SyntaxError beats the symptoms and the Triton noise by the tiers' rule."""
+    result = explain(CRASH)
+    assert result.runner_up is None
+    assert not any(line.startswith("runner-up:") for line in explanation_lines(result))
 
 
 WRAPPERS: list[Callable[[str], str]] = [

@@ -26,6 +26,7 @@ from tui.core.failures import REPEATS_TO_HANG, FailureClass, hang_marker
 from tui.core.logline import LogLine
 from tui.core.noise import NoiseFilter, NoiseRule
 from tui.core.phases import Phase, PhaseHit, detect_phase, phase_initials
+from tui.core.ranking import Ranker
 from tui.core.rootcause import RootCause, RootCauseTracker
 
 Outcome = Literal["ready", "crashed", "hung", "unknown"]
@@ -33,6 +34,9 @@ Outcome = Literal["ready", "crashed", "hung", "unknown"]
 # docker compose's `svc-1  | ` (the service name, padded, then a bar)
 _SERVICE_RE = re.compile(r"([A-Za-z0-9][\w.-]*?)(?:[-_]\d+)?\s+\| ")
 # Needles of the hang markers: a line that holds none is no marker (one `in` each).
+# A lead of the ranking's best over the next below this (in score units: about one feature's
+# weight) is too narrow to name one cause alone.
+RUNNER_UP_MARGIN = 0.5
 _HANG_NEEDLES = ("block found", "atchdog", "Timeout(ms)", "core engine proc",
                  "placement group of specs")
 
@@ -49,12 +53,20 @@ class Explanation:
     symptoms: tuple[str, ...]
     hidden: Mapping[str, int]
     services: Mapping[str, Explanation] | None = None
+    # the next best candidate when the ranking was close (RUNNER_UP_MARGIN) or its choice
+    # only reports a failure elsewhere: a user shown two loses a second, shown the wrong one
+    # loses the night
+    runner_up: RootCause | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Stable schema: outcome, last_phase (phase name, lower case), root_cause {line,
-        process, missing, deepest_frame, class, hint} or null, symptoms [str], hidden {rule id:
-        count}, services {name: {outcome, last_phase, root_cause}} or null."""
+        process, missing, deepest_frame, class, hint} or null, runner_up {line, process,
+        reasons} or null, symptoms [str], hidden {rule id: count}, services {name: {outcome,
+        last_phase, root_cause}} or null."""
         out = self._verdict_json()
+        out["runner_up"] = None if self.runner_up is None else {
+            "line": self.runner_up.line, "process": self.runner_up.process,
+            "reasons": list(self.runner_up.reasons)}
         out["symptoms"] = list(self.symptoms)
         out["hidden"] = dict(sorted(self.hidden.items()))
         out["services"] = None if self.services is None else {
@@ -91,6 +103,7 @@ class Diagnosis:
     progress_at: int = -1  # ... of the last phase line
     hang: _Hang | None = None
     by_service: bool = True  # False for a service's own diagnosis: it splits no further
+    ranker: Ranker | None = None  # the candidates' ranking: the shipped one unless given
     _repeats: dict[str, int] = field(default_factory=dict)
     _services: dict[str, Diagnosis] = field(default_factory=dict)
 
@@ -186,7 +199,7 @@ class Diagnosis:
             line = self.hang.line
             return RootCause(line.message.strip(), line.proc, line.pid, line.offset,
                              self.tracker.symptoms, kind=self.hang.marker)
-        return self.tracker.cause()
+        return self.tracker.cause(self.ranker)
 
     def verdict(self) -> Explanation:
         services = self._service_verdicts()
@@ -201,10 +214,24 @@ class Diagnosis:
         # unknown: no proof of a crash, but what went wrong so far is worth saying
         cause = self.cause(outcome) if outcome != "ready" else None
         return Explanation(outcome, self.last_phase, cause, self.tracker.symptoms,
-                           dict(self.noise.hidden), services)
+                           dict(self.noise.hidden), services, self._runner_up(cause))
+
+    def _runner_up(self, cause: RootCause | None) -> RootCause | None:
+        """The second ranked candidate, when the first won narrowly or is itself only a
+        report of a failure elsewhere."""
+        if cause is None or cause.score is None:
+            return None
+        ranked = self.tracker.ranked(self.ranker)
+        if len(ranked) < 2 or ranked[0].offset != cause.offset:
+            return None
+        second = ranked[1]
+        close = second.score is not None and cause.score - second.score < RUNNER_UP_MARGIN
+        return second if close or cause.elsewhere else None
 
     def _service_verdicts(self) -> dict[str, Explanation] | None:
         if len(self._services) < 2:
             return None
+        for sub in self._services.values():
+            sub.ranker = self.ranker  # each service's causes ranked as the file's
         return {name: sub.verdict() for name, sub in sorted(self._services.items())}
 

@@ -18,7 +18,8 @@ from tui.core.failures import hint_for
 from tui.core.logchunk import ChunkReader, LineChunk
 from tui.core.noise import NoiseFilter, NoiseRule, builtin_rules
 
-__all__ = ["Explanation", "Outcome", "explain", "explain_file", "explanation_lines"]
+__all__ = ["Explanation", "Outcome", "diagnose_file", "explain", "explain_file",
+           "explanation_lines"]
 
 _CHUNK_LINES = 4096
 _BLOCK = 4 << 20  # bytes of a file read at a time: memory stays bounded whatever its size
@@ -48,6 +49,13 @@ def explain_file(path: str | Path, engine: str = "vllm", extra_rules: Iterable[N
     """`explain` for a file of any size, read a block at a time (memory stays bounded: lines
     stay text in their block, addressed by byte offset); `on_progress(done, total)` after each
     block. OSError as opening the file raises it."""
+    return diagnose_file(path, engine, extra_rules, on_progress).verdict()
+
+
+def diagnose_file(path: str | Path, engine: str = "vllm", extra_rules: Iterable[NoiseRule] = (),
+                  on_progress: Callable[[int, int], None] | None = None) -> Diagnosis:
+    """The whole file read into a Diagnosis (explain_file's reading; the corpus's training
+    script asks it for the candidates and their verdict under other weights)."""
     noise = NoiseFilter([*extra_rules, *builtin_rules(engine)])
     diagnosis = Diagnosis(engine, noise)
     reader = ChunkReader(engine, noise)
@@ -61,7 +69,7 @@ def explain_file(path: str | Path, engine: str = "vllm", extra_rules: Iterable[N
                 diagnosis.feed(read.lines, read.rules)
             if on_progress is not None:
                 on_progress(done, total)
-    return diagnosis.verdict()
+    return diagnosis
 
 
 def _blocks(f: BinaryIO) -> Iterator[tuple[list[int], list[str], int]]:
@@ -109,9 +117,16 @@ def explanation_lines(ex: Explanation, indent: str = "") -> list[str]:
                 out.append(f"deepest frame: {cause.deepest_frame}")
         else:
             out.append(f"{label + ':':<15}{cause.line}")
+            if ex.runner_up is not None and cause.reasons:
+                out.append(f"{'':15}(chosen: {'; '.join(cause.reasons)})")
         if cause.kind is not None:
             out.append(f"class:         {cause.kind.label}")
             out.append(f"hint:          {hint_for(cause.kind, cause.line)}")
+    second = ex.runner_up
+    if second is not None and cause is not None and not cause.missing:
+        out.append(f"runner-up:     {second.line}")
+        if second.reasons:
+            out.append(f"{'':15}(considered: {'; '.join(second.reasons)})")
     out += [f"symptom:       {symptom}" for symptom in ex.symptoms]
     for name, service in (ex.services or {}).items():
         out.append(f"service {name}:")

@@ -34,6 +34,7 @@ from tui.core.failures import FailureClass, classify, fatal_statement, states_ca
 from tui.core.logline import LogLine
 from tui.core.noise import NoiseFilter
 from tui.core.procnames import untitled
+from tui.core.ranking import Facts, Ranker, reasons, shipped, tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,9 @@ class RootCause:
     missing: bool = False
     deepest_frame: str | None = None
     kind: FailureClass | None = None
+    score: float | None = None  # the ranking's (tui.core.ranking), when candidates were ranked
+    reasons: tuple[str, ...] = ()  # why the ranking considered it, in words
+    elsewhere: bool = False  # it reports a failure elsewhere (the ranking's second tier)
 
 
 # Lines that report a failure somewhere else: never the cause (vllm-reference.md section 2).
@@ -157,14 +161,17 @@ class _Trace:
 
 
 class _Candidate:
-    __slots__ = ("dropped", "elsewhere", "line", "more", "offset", "pid", "proc", "trace",
-                 "wants_more", "wrapper")
+    __slots__ = ("dropped", "elsewhere", "level", "line", "more", "offset", "pid", "proc",
+                 "trace", "traceback_end", "wants_more", "weak", "wrapper")
 
     def __init__(self, line: str, proc: str | None, pid: int | None, offset: int,
-                 trace: list[str]) -> None:
+                 trace: list[str], level: str | None) -> None:
         self.line, self.proc, self.pid, self.offset, self.trace = line, proc, pid, offset, trace
+        self.level = level
         self.wrapper = _HEADER_WRAPPER_RE.search(line) is not None
         self.elsewhere = self.wrapper or _ELSEWHERE_RE.search(line) is not None
+        self.weak = False  # a wrapper's words, a library's stderr: see _candidate
+        self.traceback_end = False  # the exception line that ends a traceback
         self.dropped = False  # a preface whose traceback ended in a symptom: no cause at all
         self.wants_more = _HEADER_MESSAGE_RE.search(line) is not None
         self.more: list[str] = []
@@ -173,6 +180,11 @@ class _Candidate:
         if not self.more:
             return self.line
         return f"{self.line} — {' '.join(self.more)}"
+
+    def facts(self) -> Facts:
+        text = self.text()
+        return Facts(text, self.level, self.traceback_end, self.weak, self.elsewhere,
+                     bool(self.more))
 
 
 class _Cut:
@@ -234,25 +246,42 @@ class RootCauseTracker:
         if self._death is None:
             self._death = (pid, name)
 
-    def cause(self) -> RootCause | None:
-        """The best cause known now: a real exception or stated failure; else, when a
-        traceback was cut before its exception line, that (`missing`); else None."""
+    def cause(self, ranker: Ranker | None = None) -> RootCause | None:
+        """The best cause known now: a real exception or stated failure, the best ranked
+        (`ranker`: the shipped one unless given); else, when a traceback was cut
+        before its exception line, that (`missing`); else None."""
+        ranked = self.ranked(ranker)
+        return ranked[0] if ranked else self._missing()
+
+    def candidates(self) -> list[_Candidate]:
+        """The candidates the ranking chooses from, in the log's order: none dropped, and
+        those of the process that died first when a death is known (a pid beats a name)."""
         # a wrapper that names no reason ("Error in inspecting model architecture 'X'") only
         # orders the others: it is never the answer
         cands = [c for c in self._candidates
                  if not c.dropped and (not c.wrapper or classify(c.line) is not None)]
-        if not cands:
-            return self._missing()
-        if self._death is not None:
+        if self._death is not None and cands:
             pid, name = self._death
             short = untitled(name)
             cands = ([c for c in cands if c.pid == pid]
                      or [c for c in cands if c.proc is not None and c.proc == short] or cands)
-        # a failure reported from another process gives way to a real exception of the same one
-        chosen = next((c for c in cands if not c.elsewhere), cands[0])
-        text = chosen.text()
-        return RootCause(text, chosen.proc, chosen.pid, chosen.offset, self.symptoms,
-                         tuple(chosen.trace), kind=classify(text))
+        return cands
+
+    def ranked(self, ranker: Ranker | None = None) -> list[RootCause]:
+        """Every candidate as a RootCause, best ranked first (tui.core.ranking)."""
+        cands = self.candidates()
+        if not cands:
+            return []
+        ranker = ranker or shipped()
+        out = []
+        for score, i, feats in ranker.order([c.facts() for c in cands]):
+            c = cands[i]
+            text = c.text()
+            out.append(RootCause(text, c.proc, c.pid, c.offset, self.symptoms, tuple(c.trace),
+                                 kind=classify(text), score=score,
+                                 reasons=tuple(reasons(ranker, feats)),
+                                 elsewhere=bool(tier(c.facts()))))
+        return out
 
     def _missing(self) -> RootCause | None:
         cuts = self._cuts + [_Cut(t) for t in self._open.values()
@@ -480,6 +509,8 @@ class RootCauseTracker:
             text = f"{text} ({path}, line {number})"
         trace.candidate = self._candidate(line, text, trace.lines, trace.proc, trace.pid,
                                           evidence=trace.level != "WARNING")
+        if trace.candidate is not None:
+            trace.candidate.traceback_end = True
 
     # -- candidates and symptoms ------------------------------------------------------------
 
@@ -492,8 +523,8 @@ class RootCauseTracker:
                 self._noise is not None and self._noise.match(line) is not None):
             return None
         cand = _Candidate(text, proc if proc is not None else line.proc,
-                          pid if pid is not None else line.pid, line.offset, trace)
-        cand.elsewhere = cand.elsewhere or weak
+                          pid if pid is not None else line.pid, line.offset, trace, line.level)
+        cand.weak = weak
         self._candidates.append(cand)
         if evidence:
             self.last_exception_offset = line.offset
