@@ -92,12 +92,12 @@ def _uv_env(venv_dir: Path) -> dict[str, str]:
             "VIRTUAL_ENV": str(venv_dir)}
 
 
-def ensure_installed(extra: str) -> None:
-    """The venv as uv.lock says (with the extra). `test` syncs exactly; the demo only adds,
-    so that a demo run after the tests leaves their tools in place."""
+def ensure_installed(*extras: str) -> None:
+    """The venv as uv.lock says (with the extras). With extras it syncs exactly; the demo
+    (none) only adds, so that a demo run after the tests leaves their tools in place."""
     uv = ensure_uv()
     argv = [str(uv), "sync", "--frozen", "--quiet"]
-    argv += ["--extra", extra] if extra else ["--inexact"]
+    argv += [w for extra in extras for w in ("--extra", extra)] if extras else ["--inexact"]
     subprocess.run(argv, cwd=ROOT, env=_uv_env(VENV), check=True)
 
 
@@ -353,6 +353,14 @@ def run_containers_lane(extra_args: list[str]) -> int:
     return code
 
 
+def run_train(extra_args: list[str]) -> int:
+    """The root-cause ranking (tests/corpus/train.py): grouped cross-validation figures beside
+    the hand rule's, the sealed part's; `--check` fails when tui/core/ranking.txt is stale,
+    `--write` retrains it."""
+    return subprocess.run([str(_python()), str(ROOT / "tests" / "corpus" / "train.py"),
+                           *extra_args], cwd=ROOT).returncode
+
+
 def run_score(extra_args: list[str]) -> int:
     """The real-log corpus score (tests/corpus/score.py): it prints the figures and fails only
     when a log makes `explain` raise, never on a score."""
@@ -361,15 +369,19 @@ def run_score(extra_args: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "score", "lab", "vllm", "containers"):
+    if not argv or argv[0] not in ("demo", "test", "score", "train", "lab", "vllm",
+                                   "containers"):
         print("usage: python3 -m tui.bootstrap demo [demo options] | test [--latest] [pytest "
-              "options] | score [--show] | lab [pytest options] | vllm [pytest options] | "
-              "containers [pytest options]", file=sys.stderr)
+              "options] | score [--show] | train [--check|--write] | lab [pytest options] | "
+              "vllm [pytest options] | containers [pytest options]", file=sys.stderr)
         return 2
     if argv[0] == "demo":
-        ensure_installed("")
+        ensure_installed()
         return subprocess.run([str(VENV / "bin" / "specconsole"), "demo", *argv[1:]],
                               cwd=ROOT).returncode
+    if argv[0] == "train":
+        ensure_installed("test", "train")
+        return run_train(argv[1:])
     ensure_installed("test")
     why = ensure_packages(TEST_TOOLS)
     if why is not None:
