@@ -371,10 +371,44 @@ def test_interleaved_compose_services_get_a_verdict_each() -> None:
             lines.append(f"vllm-a-1  | {good[i]}")
     ex = explain(lines)
     assert ex.services is not None and set(ex.services) == {"vllm-a", "vllm-b"}
-    assert ex.services["vllm-a"].outcome == "ready"
+    # the healthy start ends in the lane's SIGTERM: an orderly shutdown (issue 28's `stopped`)
+    assert ex.services["vllm-a"].outcome == "stopped"
     assert ex.services["vllm-b"].outcome == "crashed"
     assert ex.outcome == "crashed" and ex.root_cause is not None
     assert ex.root_cause.line.startswith("SyntaxError: trailing comma")
-    assert ex.to_json()["services"]["vllm-a"]["outcome"] == "ready"
+    assert ex.to_json()["services"]["vllm-a"]["outcome"] == "stopped"
     text = "\n".join(explanation_lines(ex))
     assert "service vllm-a:" in text and "service vllm-b:" in text
+
+
+# -- an orderly shutdown -------------------------------------------------------------------------
+
+_SERVING = ["(APIServer pid=7) INFO:     Application startup complete.",
+            '(APIServer pid=7) INFO:     127.0.0.1:50 - "POST /v1/completions HTTP/1.1" 200 OK']
+_SIGTERM = ["(APIServer pid=7) INFO 12-03 08:25:58 [launcher.py:254] [shutdown] API server: "
+            "shutdown triggered",
+            "(APIServer pid=7) INFO:     Shutting down",
+            "(APIServer pid=7) INFO:     Finished server process [7]",
+            "nanobind: leaked 4 instances!"]
+_CTRL_C = ["INFO:     Shutting down", "Traceback (most recent call last):",
+           '  File "/venv/lib/python3.12/site-packages/uvloop/__init__.py", line 61, in wrapper',
+           "    return await main", "KeyboardInterrupt"]
+_CRASH = ["(EngineCore pid=9) ERROR 12-03 08:25:50 [core.py:900] EngineCore encountered a fatal "
+          "error.", "(EngineCore pid=9) ERROR 12-03 08:25:50 [core.py:900] Traceback (most "
+          "recent call last):",
+          '(EngineCore pid=9) ERROR 12-03 08:25:50 [core.py:900]   File "/v/core.py", line 8, '
+          "in run", "(EngineCore pid=9) ERROR 12-03 08:25:50 [core.py:900] torch.OutOfMemoryError: "
+          "CUDA out of memory. Tried to allocate 2.00 GiB"]
+
+
+@pytest.mark.parametrize(("lines", "outcome"), [
+    (_SERVING + _SIGTERM, "stopped"),
+    (_SERVING + _CTRL_C, "stopped"),  # Ctrl-C: its KeyboardInterrupt is a consequence
+    (_SERVING + _CRASH + _SIGTERM, "crashed"),  # a failure before the shutdown: its cause
+    (_SERVING + _SIGTERM + _SERVING, "ready"),  # launched again in the same file
+    (_SIGTERM, "unknown"),  # never ready: a shutdown of what?
+])
+def test_an_orderly_shutdown_after_ready_is_stopped(lines: list[str], outcome: str) -> None:
+    ex = explain(lines)
+    assert ex.outcome == outcome
+    assert (ex.root_cause is None) == (outcome in ("stopped", "ready", "unknown"))

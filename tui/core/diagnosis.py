@@ -11,6 +11,10 @@ Evidence, by failure class rather than by one log's words:
 - hung: a hang marker (tui.core.failures.HANG_MARKERS) after the last ready line with no
   serving since, unless a crash came first (a watchdog that kills its process is still the
   hang's doing);
+- stopped: an orderly shutdown after the last ready line (vLLM's `[shutdown]` records of a
+  SIGTERM or SIGINT, uvicorn's `Shutting down` / `Finished server process`) with no failure nor
+  hang marker between the two: what follows it (leak warnings, a KeyboardInterrupt) is its
+  consequence;
 - several docker-compose services in one file (`svc-a  | ...`): a verdict per service, and the
   file's verdict is the first service that failed.
 """
@@ -29,7 +33,7 @@ from tui.core.phases import Phase, PhaseHit, detect_phase, phase_initials
 from tui.core.ranking import Ranker
 from tui.core.rootcause import RootCause, RootCauseTracker
 
-Outcome = Literal["ready", "crashed", "hung", "unknown"]
+Outcome = Literal["ready", "crashed", "hung", "stopped", "unknown"]
 
 # docker compose's `svc-1  | ` (the service name, padded, then a bar)
 _SERVICE_RE = re.compile(r"([A-Za-z0-9][\w.-]*?)(?:[-_]\d+)?\s+\| ")
@@ -37,6 +41,11 @@ _SERVICE_RE = re.compile(r"([A-Za-z0-9][\w.-]*?)(?:[-_]\d+)?\s+\| ")
 # A lead of the ranking's best over the next below this (in score units: about one feature's
 # weight) is too narrow to name one cause alone.
 RUNNER_UP_MARGIN = 0.5
+# An orderly shutdown: someone asked the server to stop (uvicorn's words, vLLM's [shutdown]
+# records); each starts with one of the initials, a cheap gate for every line.
+_STOP_INITIALS = frozenset("SF[")
+_STOP_RE = re.compile(r"Shutting down$|Finished server process\b"
+                      r"|\[shutdown\].*(?:received signal=SIG(?:TERM|INT)|shutdown triggered)")
 _HANG_NEEDLES = ("block found", "atchdog", "Timeout(ms)", "core engine proc",
                  "placement group of specs")
 
@@ -101,6 +110,7 @@ class Diagnosis:
     last_phase: Phase | None = None
     ready_at: int = -1  # offset of the last line that shows the server ready or serving
     progress_at: int = -1  # ... of the last phase line
+    stop_at: int = -1  # ... of the first line of an orderly shutdown after the last ready one
     hang: _Hang | None = None
     by_service: bool = True  # False for a service's own diagnosis: it splits no further
     ranker: Ranker | None = None  # the candidates' ranking: the shipped one unless given
@@ -120,9 +130,12 @@ class Diagnosis:
         hits: list[PhaseHit | None] = [None] * len(lines)
         initials = self._initials
         for i, line in enumerate(lines):
+            msg = line.message
+            if (msg[:1] in _STOP_INITIALS and self.ready_at > self.stop_at
+                    and _STOP_RE.match(msg) is not None):
+                self.stop_at = line.offset  # even where a rule dims it: it is a shutdown
             if rules[i] is not None:
                 continue  # noise: neither a phase nor a marker
-            msg = line.message
             if msg[:1] in initials:
                 hit = hits[i] = detect_phase(line, self.engine)
                 if hit is not None:
@@ -133,6 +146,7 @@ class Diagnosis:
                 if needle in head:
                     self._on_marker(line)
                     break
+
         if self.by_service:
             self._by_service(lines, rules)
         return hits
@@ -184,6 +198,9 @@ class Diagnosis:
             and tracker.last_failure_offset() > self.progress_at)
         hang = self.hang
         hung = hang is not None and hang.line.offset > self.ready_at
+        if (self.stop_at > self.ready_at >= 0 and not (failed_at > -1 and failed_at < self.stop_at)
+                and not (hung and hang is not None and hang.line.offset < self.stop_at)):
+            return "stopped"
         if hung and hang is not None and (not crashed or failed_at < 0
                                           or failed_at >= hang.line.offset):
             return "hung"
@@ -212,7 +229,7 @@ class Diagnosis:
                                    first.symptoms, dict(self.noise.hidden), services)
         outcome = self.outcome()
         # unknown: no proof of a crash, but what went wrong so far is worth saying
-        cause = self.cause(outcome) if outcome != "ready" else None
+        cause = self.cause(outcome) if outcome not in ("ready", "stopped") else None
         return Explanation(outcome, self.last_phase, cause, self.tracker.symptoms,
                            dict(self.noise.hidden), services, self._runner_up(cause))
 

@@ -28,6 +28,7 @@ except ImportError:  # pragma: no cover - depends on the platform's wheels
 # tracebacks, what a symptom says (tui.core.rootcause), the failure classes a record or a raw
 # stderr line may state (tui.core.failures), hang markers (tui.core.diagnosis). A WARNING
 # matters only when it says one of these (an import failure, a symptom): its level is no needle.
+# An orderly shutdown's own words (uvicorn's) matter too: the `stopped` outcome.
 CORE_NEEDLES = (
     "ERROR", "CRITICAL", "Traceback", 'File "', "rror", "xception", "Exit", "Interrupt",
     "ailed", "died", "xited", "ncountered", "EngineDead", "sigquit", "root cause", "not running",
@@ -36,6 +37,7 @@ CORE_NEEDLES = (
     "No space left", "quota", "already in use", "attempting to bind", "HIP", "ACL", "aclnn",
     "kernel image", "illegal memory", "device-side", "block found", "atchdog", "Timeout(ms)",
     "core engine proc", "Unable to load", "import", "undefined symbol", "Process ", "hit an",
+    "Shutting down", "Finished server process",
 )
 # Lines a serving server writes all the time (stats, spec-decode readouts, batches): of these
 # only a chunk's first (the phase it enters) and last (the state now) are decoded.
