@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 LOGS = Path(__file__).parent / "logs"
-OUTCOMES = {"ready", "crashed", "hung", "unknown"}
+OUTCOMES = {"ready", "crashed", "hung", "stopped", "unknown"}
 PHASES = {None, "launch", "config", "weights", "drafter", "compile", "kv_cache", "cuda_graphs",
           "api_server", "ready_log", "serving"}
 CLASSES = {"oom", "kv_cache", "config", "model_code", "weights", "quant", "nccl", "ray", "port",
