@@ -418,3 +418,46 @@ def test_a_subprocess_failure_gives_way_to_the_real_exception(
         lines: list[str], deaths: tuple[tuple[int, str], ...], expected: str) -> None:
     cause = track(lines, vllm_noise(), deaths).cause()
     assert cause is not None and cause.line == expected
+
+
+# -- classes of issue 28 ------------------------------------------------------------------------
+
+FAULTHANDLER = [
+    "(RayWorkerWrapper pid=24036) INFO 05-01 10:00:00 [pynccl.py:69] vLLM is using nccl==2.21.5",
+    "(RayWorkerWrapper pid=24036) Fatal Python error: Segmentation fault",
+    "(RayWorkerWrapper pid=24036) ",
+    "(RayWorkerWrapper pid=24036) Thread 0x00007f3c5effd640 (most recent call first):",
+    '(RayWorkerWrapper pid=24036)   File "/venv/vllm/distributed/device_communicators/'
+    'pynccl.py", line 99 in all_reduce',
+    '(RayWorkerWrapper pid=24036)   File "/venv/vllm/worker/worker.py", line 12 in warm_up',
+]
+
+
+def test_a_native_crash_reported_by_faulthandler_is_the_cause_not_a_cut_traceback() -> None:
+    cause = track(FAULTHANDLER).cause()
+    assert cause is not None and not cause.missing
+    assert cause.line == "Fatal Python error: Segmentation fault"
+    assert cause.kind is not None and cause.kind.id == "native_crash"
+
+
+@pytest.mark.parametrize("line", [
+    # vLLM v1 core_client.py: a worker's death signalled to the front end
+    "CRITICAL 04-15 02:01:15 [core_client.py:359] Got fatal signal from worker processes, "
+    "shutting down. See stack trace above for root cause issue.",
+    # SGLang's launcher, each variant of its wording
+    "RuntimeError: Initialization failed. controller_init_state: Traceback (most recent call",
+    "ValueError: TP rank 1 could finish the model loading, but there are other ranks that didn't "
+    "finish loading. It is likely due to unexpected failures (e.g., OOM) or a slow node.",
+])
+def test_reports_of_another_process_failure_are_symptoms(line: str) -> None:
+    tracker = track([line])
+    assert tracker.cause() is None and len(tracker.symptoms) == 1
+
+
+def test_nccls_own_info_lines_are_never_a_cause() -> None:
+    info = ("sglang-0:100:1012 [1] NCCL INFO ncclCommInitRank comm 0x55c8b7ed9050 rank 1 nranks "
+            "16 cudaDev 1 nvmlDev 1 busId 3a000 commId 0x11e35ff62bc85e0d - Init COMPLETE")
+    assert track([info]).cause() is None
+    warn = "sglang-0:100:1012 [1] NCCL WARN ncclCommInitRank: unhandled system error"
+    cause = track([info, warn]).cause()
+    assert cause is not None and cause.line == warn

@@ -94,6 +94,16 @@ CLASSES: tuple[FailureClass, ...] = (
        "rerun with NCCL_DEBUG=INFO to see which link fails; check that every GPU sees its "
        "peers (NCCL_P2P_DISABLE=1 to test) and the network interface (NCCL_SOCKET_IFNAME)",
        raw=True),
+    _c("native_crash", "the process crashed in native code",
+       r"Fatal Python error: (?:Segmentation fault|Bus error|Aborted|Floating point exception"
+       r"|Illegal instruction)",
+       "CPython's faulthandler (enabled by vLLM and SGLang workers, and by PYTHONFAULTHANDLER): "
+       "'Fatal Python error: <signal>' then each thread's frames, most recent call first",
+       "a C/C++/CUDA extension crashed (the frames below name the Python call that entered "
+       "it): a Bus error often means an unreadable memory-mapped file (a checkpoint on a "
+       "failing network disk) or a /dev/shm too small for NCCL (docker: --ipc=host or "
+       "--shm-size); a Segmentation fault, a kernel or library built for another CUDA/torch",
+       raw=True, fatal=True),
     _c("device_assert", "a GPU kernel's assertion failed",
        r"\.cu:\d+: .*Assertion|device-side assert",
        "a kernel's device-side assert(): the CUDA runtime prints 'file.cu:N: function: block: "
@@ -230,6 +240,8 @@ def states_cause(message: str, level: str | None) -> bool:
     if level == "WARNING":
         return any(c.warning and c.pattern.search(message) for c in CLASSES)
     if level is None:
+        if "NCCL INFO" in message:  # NCCL's own INFO level: a report, never a failure
+            return False
         return any(c.raw and c.pattern.search(message) for c in CLASSES)
     return any(c.statement and c.pattern.search(message) for c in CLASSES)
 

@@ -81,8 +81,11 @@ _SYMPTOM_RE = re.compile(
     r"|AsyncEngineDeadError|MQEngineDeadError"
     # SGLang: the launcher's and the tokenizer manager's view of a dead scheduler
     r"|[Ss]cheduler is dead|[Ss]cheduler died during initialization"
-    r"|could finish the model loading, but other ranks didn't"
-    r"|Initialization failed\. (?:Please see the error messages above|warmup error)"
+    r"|could finish the model loading, but (?:there are )?other ranks"
+    r"|Initialization failed\. (?:Please see the error messages above|warmup error"
+    r"|\w+_init_state:)"
+    # vLLM v1/engine/core_client.py: a worker's death signalled to the front end (SIGUSR1)
+    r"|Got fatal signal from worker processes"
     r"|MQLLMEngine is already dead|failed to be inspected\. Please check the logs"
 )
 # An orderly shutdown someone asked for (SIGTERM, `specconsole kill`): the "Parent process
@@ -368,8 +371,10 @@ class RootCauseTracker:
                     if cand is not None and cand.wants_more:
                         self._unfinished = (key, cand)
                 elif states_cause(msg, None):  # a library's own stderr: CUDA, NCCL WARN
-                    self._candidate(line, msg.strip(), [msg], weak=True,
-                                    evidence=fatal_statement(msg))
+                    # one that shows its process could not go on (faulthandler's fatal error,
+                    # argparse's usage error) is a cause in its own right, not a wrapper's words
+                    fatal = fatal_statement(msg)
+                    self._candidate(line, msg.strip(), [msg], weak=not fatal, evidence=fatal)
         elif "xited" in msg or "died" in msg:
             self._symptom(line, msg)
         if key is None and level is None:
