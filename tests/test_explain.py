@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tui.core.explain import explain, explanation_lines
-from tui.core.failures import by_id
+from tui.core.failures import by_id, exit_signal
 from tui.core.noise import rule_from_pattern
 from tui.core.phases import Phase
 
@@ -190,3 +190,24 @@ def test_extra_rules_count_in_hidden_and_come_first() -> None:
     result = explain(READY, extra_rules=rules)
     assert result.hidden["hide:routes"] == 7
     assert result.outcome == "ready"
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("Exception: Server process exited with code -9. Check server logs for errors.",
+     "exit code -9: SIGKILL, killed from outside"),
+    ("RuntimeError: worker exited with exit code 135", "exit code 135 = 128+7: SIGBUS, a bus "
+     "error"),
+    ("subprocess.CalledProcessError: Command 'x' returned non-zero exit status 1.", None),
+    ("Process ended with exitcode=-6", "exit code -6: SIGABRT, aborted"),
+])
+def test_an_exit_status_that_means_a_signal_is_named(text: str, said: str | None) -> None:
+    named = exit_signal(text)
+    assert (named is None) if said is None else (named is not None and named.startswith(said))
+
+
+def test_explain_names_the_signal_behind_an_exit_code() -> None:
+    lines = explanation_lines(explain([
+        "ERROR 12-03 08:18:44 [engine.py:1] RuntimeError: Worker process exited with code 135"]))
+    assert "exit status:   exit code 135 = 128+7: SIGBUS, a bus error (an unreadable " \
+           "memory-mapped file such as a checkpoint on a failing disk, or a /dev/shm too small " \
+           "for NCCL)" in lines

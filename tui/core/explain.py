@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from tui.core.diagnosis import Diagnosis, Explanation, Outcome
-from tui.core.failures import hint_for
+from tui.core.failures import exit_signal, hint_for
 from tui.core.logchunk import ChunkReader, LineChunk
 from tui.core.noise import NoiseFilter, NoiseRule, builtin_rules
 
@@ -128,6 +128,10 @@ def explanation_lines(ex: Explanation, indent: str = "") -> list[str]:
         if second.reasons:
             out.append(f"{'':15}(considered: {'; '.join(second.reasons)})")
     out += [f"symptom:       {symptom}" for symptom in ex.symptoms]
+    stated = ([cause.line] if cause is not None and not cause.missing else [])
+    said = next(filter(None, map(exit_signal, stated + list(ex.symptoms))), None)
+    if said is not None:
+        out.append(f"exit status:   {said}")
     for name, service in (ex.services or {}).items():
         out.append(f"service {name}:")
         out += explanation_lines(Explanation(service.outcome, service.last_phase,

@@ -13,6 +13,7 @@ an OOM; a SyntaxError in a drafter's file is a SyntaxError).
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import dataclass
 
 
@@ -270,3 +271,37 @@ def hint_for(kind: FailureClass, line: str) -> str:
         return f"another program holds port {port}: `ss -ltnp 'sport = :{port}'` names it; " \
                "stop it or change server.port (preflight's port_free check says who)"
     return kind.hint
+
+
+# A process's exit status as launchers and shells print it: `exited with code -9`, `exit code
+# 137`, `exitcode=-7`, `returned non-zero exit status 135`. Negative: Python's subprocess and
+# multiprocessing (-N is signal N); 129-159: a shell or a container runtime (128+N).
+_EXIT_STATUS_RE = re.compile(
+    r"\b(?:exit(?:ed)?(?: with)?(?: code| status)|exit ?code|exit status|exitcode)[ :=]*"
+    r"(-?\d{1,3})\b", re.IGNORECASE)
+_SIGNAL_WORDS = {
+    signal.SIGKILL: "killed from outside (the OOM killer, a user, a scheduler: see dmesg)",
+    signal.SIGBUS: "a bus error (an unreadable memory-mapped file such as a checkpoint on a "
+                   "failing disk, or a /dev/shm too small for NCCL)",
+    signal.SIGSEGV: "a segmentation fault in native code",
+    signal.SIGABRT: "aborted (a C++ exception or a failed assertion in native code)",
+    signal.SIGTERM: "asked to stop (SIGTERM)",
+    signal.SIGINT: "interrupted (Ctrl-C)",
+}
+
+
+def exit_signal(text: str) -> str | None:
+    """An exit status in `text` that means a signal, in words: `exit code 135 = 128+7: SIGBUS,
+    a bus error (...)`, `exit code -9: SIGKILL, ...`; None when there is none (or a plain
+    failure, such as exit code 1)."""
+    for m in _EXIT_STATUS_RE.finditer(text[:_READ]):
+        code = int(m.group(1))
+        number = -code if code < 0 else code - 128 if 128 < code < 160 else 0
+        try:
+            sig = signal.Signals(number)
+        except ValueError:
+            continue
+        how = "" if code < 0 else f" = 128+{number}"
+        words = _SIGNAL_WORDS.get(sig)
+        return f"exit code {code}{how}: {sig.name}" + (f", {words}" if words else "")
+    return None
