@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tui.core.explain import explain, explanation_lines
+from tui.core.explain import explain, explain_file, explanation_lines
 from tui.core.failures import by_id, exit_signal
 from tui.core.noise import rule_from_pattern
 from tui.core.phases import Phase
+from tui.core.ranking import SURVIVED_WORDS, shape
 
 FIXTURES = Path(__file__).parent / "fixtures"
 KIMI = "/root/.cache/huggingface/modules/transformers_modules/moonshotai/Kimi-K2.5/kimi_k25.py"
@@ -211,3 +212,29 @@ def test_explain_names_the_signal_behind_an_exit_code() -> None:
     assert "exit status:   exit code 135 = 128+7: SIGBUS, a bus error (an unreadable " \
            "memory-mapped file such as a checkpoint on a failing disk, or a /dev/shm too small " \
            "for NCCL)" in lines
+
+
+# An ERROR a good launch of the profile also logged (numbers aside) is no cause while another
+# is known: the Triton-import class, learned per profile from the launch history.
+PLUGIN = ("Failed to load plugin vllm_ext_{n}: ImportError: libext.so.{n}: cannot open shared "
+          "object file")
+LATER_CAUSE = [
+    f"(APIServer pid=41) ERROR 12-03 08:18:40 [__init__.py:41] {PLUGIN.format(n=12)}",
+    "(APIServer pid=41) INFO 12-03 08:18:41 [api_server.py:1] loading the model",
+    "Traceback (most recent call last):",
+    '  File "/venv/vllm/config.py", line 12, in verify',
+    "    raise ValueError(msg)",
+    "ValueError: max_model_len 262144 is larger than the model's 131072",
+]
+
+
+def test_an_error_a_good_launch_survived_gives_way_to_the_real_cause(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(LATER_CAUSE) + "\n")
+    alone = explain_file(log)
+    assert alone.root_cause is not None and alone.root_cause.line.startswith("Failed to load")
+    survived = frozenset({shape(PLUGIN.format(n=7))})  # another launch: other numbers
+    ex = explain_file(log, survived=survived)
+    assert ex.root_cause is not None and ex.root_cause.line.startswith("ValueError: max_model")
+    assert ex.runner_up is not None and ex.runner_up.line.startswith("Failed to load plugin")
+    assert ex.runner_up.reasons == (SURVIVED_WORDS,)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sqlite3
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from helpers import RUN_ID_ENV, async_wait_for, carriers, next_event, sim_profil
 from tui.core.phases import Phase
 from tui.core.profile import load_profile
 from tui.core.protocol import HttpReply
+from tui.core.ranking import shape
 from tui.core.state import Died, Ready, State
 from tui.core.status import RunView, status_line, timeline_rows
 from tui.core.timeline import PhaseSpan
@@ -288,3 +290,74 @@ async def test_history_never_holds_a_secret(tmp_path: Path, cleanup: list[str]) 
     record = history.get(sup.run.run_id)
     assert "HF_TOKEN" in record.env_names and "«redacted»" in record.command
     assert secret.encode() not in (tmp_path / "h.sqlite3").read_bytes()
+
+
+def test_survived_shapes_are_kept_per_profile_and_host_and_counted(tmp_path: Path) -> None:
+    h = History(tmp_path / "h.sqlite3")
+    h.note_survived("p", "gpu-1", ["A #", "B #"], T0)
+    h.note_survived("p", "gpu-1", ["A #"], T0 + 60)
+    h.note_survived("p", "gpu-2", ["C #"], T0)
+    h.note_survived("p", "gpu-1", [], T0)  # nothing survived: nothing written
+    assert h.survived("p", "gpu-1") == frozenset({"A #", "B #"})
+    assert h.survived("q", "gpu-1") == frozenset()
+    with sqlite3.connect(h.path) as db:
+        assert db.execute("SELECT launches, last FROM survived WHERE shape = 'A #'").fetchone() \
+            == (2, T0 + 60)
+
+
+async def test_an_error_a_ready_launch_survived_is_recorded_and_read_by_the_next(
+        tmp_path: Path, cleanup: list[str]) -> None:
+    """READY after an ERROR record at startup: the history keeps its shape; the next launch
+    of the profile on the host starts with it, so it is never that launch's cause while
+    another is known (tui.core.ranking's tiers)."""
+    harmless = "Failed to load plugin vllm_ext: ImportError: libext.so.12: cannot open it"
+    path = sim_profile(tmp_path, "ready", time_scale=300)
+    path.write_text(path.read_text().replace(
+        "tensor_parallel_size = 8\n",
+        f'tensor_parallel_size = 8\nargs = ["--sim-harmless-error", "{harmless}"]\n', 1))
+    profile = load_profile(path)
+    history = History(tmp_path / "h.sqlite3")
+    first = Supervisor(profile, history=history)
+    events = first.subscribe()
+    try:
+        await first.launch(skip_preflight=True)
+        cleanup.append(first.run.run_id)
+        await next_event(events, Ready)
+        (kept,) = history.survived(profile.key, profile.host.target)
+        assert kept.startswith(shape(harmless))  # as logged (the sim marks its lines)
+        await first.kill(1.0)
+    finally:
+        await first.close()
+    second = Supervisor(profile, history=history)
+    events = second.subscribe()
+    try:
+        await second.launch(skip_preflight=True)
+        cleanup.append(second.run.run_id)
+        await next_event(events, HistoryLoaded)
+        assert kept in second.machine.tracker.survived
+        await second.kill(1.0)
+    finally:
+        await second.close()
+
+
+def test_explain_with_its_profile_sets_aside_what_good_launches_survived(tmp_path: Path) -> None:
+    env = {**os.environ, "SPECCONSOLE_DATA_DIR": str(tmp_path)}
+    profile = load_profile(sim_profile(tmp_path, "ready"))
+    plugin = "Failed to load plugin vllm_ext: ImportError: libext.so.12: cannot open it"
+    History(tmp_path / "history.sqlite3").note_survived(
+        profile.key, profile.host.target, [shape(plugin)], T0)
+    log = tmp_path / "server.log"
+    log.write_text(f"(APIServer pid=4) ERROR 12-03 08:18:40 [__init__.py:41] {plugin}\n"
+                   "ValueError: max_model_len 262144 is larger than the model's 131072\n")
+
+    def explain(*more: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "tui", "explain", str(log), *more],
+                              env=env, text=True, capture_output=True, timeout=60)
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        return done.stdout
+
+    assert "root cause:    Failed to load plugin" in explain()
+    said = explain("--profile", str(profile.path))
+    assert "root cause:    ValueError: max_model_len" in said
+    assert "runner-up:     Failed to load plugin" in said
+    assert "also logged by a launch of this profile that reached READY" in said

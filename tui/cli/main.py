@@ -401,9 +401,18 @@ def _history(history: History, args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     path = Path(args.logfile)
+    survived: frozenset[str] = frozenset()
+    if args.profile is not None:  # what its good launches survived is no cause
+        profile = _profile(args.profile)
+        history = History()
+        try:
+            survived = history.survived(profile.key, profile.host.target)
+        except (sqlite3.Error, OSError) as exc:
+            _err(f"launch history not read ({history.path}): {exc}; explaining without it")
     try:
         with _progress(path) as advance:
-            result = explain_file(path, engine=args.engine, on_progress=advance)
+            result = explain_file(path, engine=args.engine, on_progress=advance,
+                                  survived=survived)
     except OSError as exc:
         _err(f"{path}: {exc.strerror}")
         return EXIT_USAGE
@@ -672,6 +681,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("logfile")
     sp.add_argument("--engine", default="vllm", choices=ENGINES)
     sp.add_argument("--json", action="store_true")
+    sp.add_argument("--profile", help="the profile the log is of: errors its launches logged "
+                    "and survived to READY (the launch history) are not taken for the cause")
 
     sp = add("history", "past launches and how they ended; --diff A B: what changed",
              cmd_history)

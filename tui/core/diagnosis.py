@@ -186,6 +186,7 @@ class Diagnosis:
             if sub is None:
                 sub = self._services[name] = Diagnosis(self.engine, self.noise,
                                                        by_service=False)
+                sub.tracker.survived = self.tracker.survived
             sub.feed(mine, their_rules)
 
     # -- the verdict -------------------------------------------------------------------------
@@ -234,16 +235,21 @@ class Diagnosis:
                            dict(self.noise.hidden), services, self._runner_up(cause))
 
     def _runner_up(self, cause: RootCause | None) -> RootCause | None:
-        """The second ranked candidate, when the first won narrowly or is itself only a
-        report of a failure elsewhere."""
+        """The second ranked candidate, when the first won narrowly in its tier, won by the
+        tiers' rule over a higher score, is itself only a report of a failure elsewhere, or
+        won because the second is what a good launch survived (a rule learned per profile:
+        shown, not hidden)."""
         if cause is None or cause.score is None:
             return None
         ranked = self.tracker.ranked(self.ranker)
         if len(ranked) < 2 or ranked[0].offset != cause.offset:
             return None
         second = ranked[1]
-        close = second.score is not None and cause.score - second.score < RUNNER_UP_MARGIN
-        return second if close or cause.elsewhere else None
+        # within a tier: a narrow lead; across the tiers: the rule beat the score
+        close = second.score is not None and (
+            cause.score - second.score < RUNNER_UP_MARGIN if second.elsewhere == cause.elsewhere
+            else second.score > cause.score)
+        return second if close or cause.elsewhere or second.survived else None
 
     def _service_verdicts(self) -> dict[str, Explanation] | None:
         if len(self._services) < 2:

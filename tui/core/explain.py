@@ -45,19 +45,23 @@ def explain(lines: Iterable[str], engine: str = "vllm",
 
 
 def explain_file(path: str | Path, engine: str = "vllm", extra_rules: Iterable[NoiseRule] = (),
-                 on_progress: Callable[[int, int], None] | None = None) -> Explanation:
+                 on_progress: Callable[[int, int], None] | None = None,
+                 survived: frozenset[str] = frozenset()) -> Explanation:
     """`explain` for a file of any size, read a block at a time (memory stays bounded: lines
     stay text in their block, addressed by byte offset); `on_progress(done, total)` after each
-    block. OSError as opening the file raises it."""
-    return diagnose_file(path, engine, extra_rules, on_progress).verdict()
+    block; `survived`: shapes of errors a good launch of the profile logged (never the cause
+    while another is known). OSError as opening the file raises it."""
+    return diagnose_file(path, engine, extra_rules, on_progress, survived).verdict()
 
 
 def diagnose_file(path: str | Path, engine: str = "vllm", extra_rules: Iterable[NoiseRule] = (),
-                  on_progress: Callable[[int, int], None] | None = None) -> Diagnosis:
+                  on_progress: Callable[[int, int], None] | None = None,
+                  survived: frozenset[str] = frozenset()) -> Diagnosis:
     """The whole file read into a Diagnosis (explain_file's reading; the corpus's training
     script asks it for the candidates and their verdict under other weights)."""
     noise = NoiseFilter([*extra_rules, *builtin_rules(engine)])
     diagnosis = Diagnosis(engine, noise)
+    diagnosis.tracker.survived = survived
     reader = ChunkReader(engine, noise)
     with open(path, "rb") as f:
         total = f.seek(0, 2)

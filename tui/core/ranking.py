@@ -6,7 +6,9 @@ console asks.
 
 One rule stays above the score: a candidate that reports a failure elsewhere (a subprocess's
 CalledProcessError, a dead Ray actor, a wrapper's or a library's words, an EOFError or a broken
-pipe to a peer that died) is chosen only when no other is known. The story's case lives
+pipe to a peer that died), or whose shape (numbers masked) a launch of the same profile also
+logged and survived to READY (`survived`: the launch history's), is chosen only when no other
+is known. The story's case lives
 there: the model inspection's CalledProcessError comes first, the patched file's SyntaxError
 last, and the corpus's few ranked pairs cannot outweigh that by themselves. The score orders
 the candidates within each tier; across the two tiers it learned "the earliest, unless a
@@ -38,6 +40,8 @@ _PEER_GONE_RE = re.compile(
     r"|Connection (?:reset|closed) by peer|\[Errno 32\]|\[Errno 104\]")
 # An exception type that says nothing of its own: the message must carry the reason.
 _GENERIC_RE = re.compile(r"(?:[\w.]+\.)?(?:RuntimeError|Exception|AssertionError)\b:?")
+_NUMBER_RE = re.compile(r"0x[0-9a-fA-F]+|\d+")
+SHAPE_CHARS = 240  # a shape's length: enough to tell two errors apart, bounded in the history
 
 FEATURES = (
     "first",           # the earliest candidate
@@ -63,6 +67,7 @@ class Facts:
     weak: bool
     elsewhere: bool
     multiline: bool
+    survived: bool = False  # a launch of this profile that reached READY logged it too
 
 
 def features(cands: Sequence[Facts]) -> list[dict[str, float]]:
@@ -100,9 +105,17 @@ class Ranker:
 
 
 def tier(c: Facts) -> int:
-    """0: a cause in its own right; 1: a report of a failure elsewhere or a pipe to a peer
-    that broke (the peer's death is the cause), chosen only when nothing else is known."""
-    return int(c.weak or c.elsewhere or _PEER_GONE_RE.search(c.text[:512]) is not None)
+    """0: a cause in its own right; 1: a report of a failure elsewhere, a pipe to a peer that
+    broke (the peer's death is the cause), or what a good launch survived: chosen only when
+    nothing else is known."""
+    return int(c.weak or c.elsewhere or c.survived
+               or _PEER_GONE_RE.search(c.text[:512]) is not None)
+
+
+def shape(text: str) -> str:
+    """A line with its numbers masked (pids, times, addresses, sizes): what a later launch's
+    line is compared by."""
+    return _NUMBER_RE.sub("#", " ".join(text.split()))[:SHAPE_CHARS]
 
 
 def parse_weights(text: str, source: str = "ranking.txt") -> dict[str, float]:
@@ -138,6 +151,7 @@ REASONS = {
     "elsewhere": "reports a failure elsewhere", "generic": "a generic exception type",
     "multiline": "a message over several lines",
 }
+SURVIVED_WORDS = "also logged by a launch of this profile that reached READY"
 
 
 def reasons(ranker: Ranker, feats: Mapping[str, float], count: int = 2) -> list[str]:

@@ -34,7 +34,7 @@ from tui.core.failures import FailureClass, classify, fatal_statement, states_ca
 from tui.core.logline import LogLine
 from tui.core.noise import NoiseFilter
 from tui.core.procnames import untitled
-from tui.core.ranking import Facts, Ranker, reasons, shipped, tier
+from tui.core.ranking import SURVIVED_WORDS, Facts, Ranker, reasons, shape, shipped, tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +56,7 @@ class RootCause:
     score: float | None = None  # the ranking's (tui.core.ranking), when candidates were ranked
     reasons: tuple[str, ...] = ()  # why the ranking considered it, in words
     elsewhere: bool = False  # it reports a failure elsewhere (the ranking's second tier)
+    survived: bool = False  # a good launch of the profile logged it too (second tier as well)
 
 
 # Lines that report a failure somewhere else: never the cause (vllm-reference.md section 2).
@@ -102,8 +103,10 @@ _SYMPTOM_NEEDLES = ("ailed", "died", "ncountered", "EngineDead", "xited", "sigqu
 # nothing better is known, else the real exception that follows wins.
 _ELSEWHERE_RE = re.compile(
     r"(?:[\w.]+\.)?CalledProcessError\b|RuntimeError: Error raised in subprocess"
-    # Ray: an actor died (its own log has the why; the node's OOM killer, a signal)
-    r"|(?:ray\.exceptions\.)?(?:ActorDiedError|RayActorError)\b")
+    # Ray: an actor died (its own log has the why; the node's OOM killer, a signal), in the
+    # exception's name or in Ray's own words with its list of possible reasons
+    r"|(?:ray\.exceptions\.)?(?:ActorDiedError|RayActorError)\b"
+    r"|[Tt]he actor is dead because|[Tt]he actor died unexpectedly")
 # Headers of a report that follows (a worker's method failed, the model inspection failed):
 # they order the candidates but are the answer only when they carry the reason themselves.
 _HEADER_WRAPPER_RE = re.compile(
@@ -184,10 +187,10 @@ class _Candidate:
             return self.line
         return f"{self.line} — {' '.join(self.more)}"
 
-    def facts(self) -> Facts:
+    def facts(self, survived: frozenset[str] = frozenset()) -> Facts:
         text = self.text()
         return Facts(text, self.level, self.traceback_end, self.weak, self.elsewhere,
-                     bool(self.more))
+                     bool(self.more), bool(survived) and shape(text) in survived)
 
 
 class _Cut:
@@ -239,6 +242,9 @@ class RootCauseTracker:
         self.last_exception_offset = -1
         self.last_cut_offset = -1  # where the last traceback without an exception line began
         self._failure_offsets: list[int] = []  # of each exception, symptom and cut, in order
+        # shapes (tui.core.ranking.shape) of errors that launches of this profile logged and
+        # survived to READY: never the cause while another is known
+        self.survived: frozenset[str] = frozenset()
 
     @property
     def symptoms(self) -> tuple[str, ...]:
@@ -276,15 +282,20 @@ class RootCauseTracker:
         if not cands:
             return []
         ranker = ranker or shipped()
+        facts = [c.facts(self.survived) for c in cands]
         out = []
-        for score, i, feats in ranker.order([c.facts() for c in cands]):
+        for score, i, feats in ranker.order(facts):
             c = cands[i]
             text = c.text()
+            why = [SURVIVED_WORDS] if facts[i].survived else reasons(ranker, feats)
             out.append(RootCause(text, c.proc, c.pid, c.offset, self.symptoms, tuple(c.trace),
-                                 kind=classify(text), score=score,
-                                 reasons=tuple(reasons(ranker, feats)),
-                                 elsewhere=bool(tier(c.facts()))))
+                                 kind=classify(text), score=score, reasons=tuple(why),
+                                 elsewhere=bool(tier(facts[i])), survived=facts[i].survived))
         return out
+
+    def shapes(self) -> list[str]:
+        """The shapes of every candidate so far (at READY: what this launch survived)."""
+        return list(dict.fromkeys(shape(c.text()) for c in self._candidates))
 
     def _missing(self) -> RootCause | None:
         cuts = self._cuts + [_Cut(t) for t in self._open.values()

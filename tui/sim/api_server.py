@@ -85,6 +85,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
                        help="every process of the server ignores SIGTERM")
     serve.add_argument("--sim-escapee", action="store_true",
                        help="start a process that leaves the session and holds GPU memory")
+    serve.add_argument("--sim-harmless-error", metavar="TEXT",
+                       help="also log this ERROR record at startup, one the launch survives "
+                       "(a plugin that fails to import, as real servers log)")
     args, extra = parser.parse_known_args(argv)
     if not (args.model_tag or args.model):
         serve.error("the model is required (positional MODEL or --model)")
@@ -184,6 +187,8 @@ class ApiServer:
         for text in lines.banner(tl.VERSION, self.model):
             self.log.info(lines.SRC_BANNER, text)
         self.log.info(lines.SRC_ARGS, f"non-default args: {self.shown_args!r}")
+        if self.args.sim_harmless_error:
+            self.log.error(lines.SRC_PLUGINS, self.args.sim_harmless_error)
         self.log.line(lines.DEPRECATED)
         try:
             self.http.server_bind()

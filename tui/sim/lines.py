@@ -12,6 +12,7 @@ from typing import Any
 # `[file.py:line]` of each message, as in a v0.16 log (rules must never rely on them).
 SRC_BANNER = "utils.py:302"
 SRC_ARGS = "utils.py:238"
+SRC_PLUGINS = "__init__.py:41"
 SRC_ARCH = "model.py:530"
 SRC_MAX_LEN = "model.py:1553"
 SRC_SCHEDULER = "scheduler.py:229"

@@ -1,5 +1,8 @@
 """Launch history: every launch recorded locally in sqlite, for `specconsole history`, the
-console's "last launch" line and each phase's expected duration (the ETA).
+console's "last launch" line and each phase's expected duration (the ETA); and the errors each
+profile's launches logged and survived to READY, which later diagnoses never name as a cause
+while another is known (tui.core.ranking: the Triton-import-ERROR class, learned per profile
+instead of listed by hand).
 
 Lives in the user data directory (platformdirs; `SPECCONSOLE_DATA_DIR` overrides it). Written by
 the supervisor, so the console and `wait` both record; commands are stored with secrets
@@ -38,7 +41,16 @@ CREATE TABLE IF NOT EXISTS launches (
     ended REAL
 );
 CREATE INDEX IF NOT EXISTS launches_by_profile ON launches (profile, host, started);
+CREATE TABLE IF NOT EXISTS survived (
+    profile TEXT NOT NULL,
+    host TEXT NOT NULL,
+    shape TEXT NOT NULL,
+    launches INTEGER NOT NULL,
+    last REAL NOT NULL,
+    PRIMARY KEY (profile, host, shape)
+);
 """
+SURVIVED_PER_LAUNCH = 64  # error shapes kept from one launch that reached READY
 ETA_SAMPLE = 10  # the last N successful launches give each phase's expected duration
 
 
@@ -137,6 +149,26 @@ class History:
             for label, _, took in launch.phases:
                 durations.setdefault(label, []).append(took)
         return {label: statistics.median(values) for label, values in durations.items()}
+
+    def note_survived(self, profile: str, host: str, shapes: Iterable[str], at: float) -> None:
+        """A launch reached READY having logged these error shapes (tui.core.ranking.shape;
+        from redacted lines)."""
+        rows = [(profile, host, s, at) for s in list(shapes)[:SURVIVED_PER_LAUNCH]]
+        if not rows:
+            return
+        with self._connect() as db:
+            db.executemany(
+                "INSERT INTO survived VALUES (?,?,?,1,?) ON CONFLICT (profile, host, shape) "
+                "DO UPDATE SET launches = launches + 1, last = excluded.last", rows)
+        db.close()
+
+    def survived(self, profile: str, host: str) -> frozenset[str]:
+        """The error shapes launches of this profile on this host survived to READY."""
+        with self._connect() as db:
+            rows = db.execute("SELECT shape FROM survived WHERE profile = ? AND host = ?",
+                              (profile, host)).fetchall()
+        db.close()
+        return frozenset(row[0] for row in rows)
 
     def _select(self, clause: str, params: Iterable[object]) -> list[Launch]:
         with self._connect() as db:

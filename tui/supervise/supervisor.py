@@ -321,6 +321,7 @@ class Supervisor:
     def _react(self, event: object) -> None:
         if isinstance(event, Ready):
             self._record(outcome="ready", took=event.took)
+            self._note_survived()
             self._hook("ready", took=round(event.took, 1),
                        cause=f"ready after {duration(event.took)}")
             if self.profile.smoke.enabled:
@@ -367,6 +368,19 @@ class Supervisor:
                                            self.profile.host.target, self.run.launched_at))
             self.history.update(self.run.run_id, **fields)
         except (sqlite3.Error, OSError, LookupError) as exc:
+            self._history_failed = True
+            self._emit([Notice(f"launch history not written ({self.history.path}): {exc}",
+                               "warning")])
+
+    def _note_survived(self) -> None:
+        """The errors this launch logged before READY: no later launch's cause while another
+        is known (tui.core.ranking's tiers)."""
+        if self.history is None or self._history_failed:
+            return
+        try:
+            self.history.note_survived(self.profile.key, self.profile.host.target,
+                                       self.machine.tracker.shapes(), self.clock())
+        except (sqlite3.Error, OSError) as exc:
             self._history_failed = True
             self._emit([Notice(f"launch history not written ({self.history.path}): {exc}",
                                "warning")])
@@ -617,6 +631,7 @@ class Supervisor:
                 key, host = self.profile.key, self.profile.host.target
                 self.usual = self.history.expected_phases(key, host)
                 previous = self.history.last(key, host, before=self.run.run_id)
+                self.machine.tracker.survived = self.history.survived(key, host)
             except (sqlite3.Error, OSError) as exc:
                 self._emit([Notice(f"launch history not read ({self.history.path}): {exc}",
                                    "warning")])
