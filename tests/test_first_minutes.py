@@ -12,11 +12,13 @@ from replay import ReplaySupervisor, serving_script
 from textual.app import App, ComposeResult
 
 from tui.console.app import ConsoleApp
+from tui.console.messages import RootCauseFound
 from tui.console.widgets.compact import GUTTER, process_tag
-from tui.console.widgets.logs import CAUSE_MARK, LogPane, LogView
+from tui.console.widgets.logs import CAUSE_MARK, RUNNER_UP_MARK, LogPane, LogView
 from tui.core.logwindow import LogWindow, entries
 from tui.core.noise import NoiseFilter, builtin_rules
 from tui.core.profile import load_profile
+from tui.core.protocol import ProcExit
 from tui.core.state import LaunchMachine, LinesAdded
 
 PROFILE = Path(__file__).parent.parent / "profiles" / "kimi-k25-eagle3.toml"
@@ -118,3 +120,43 @@ async def test_the_timeline_says_what_is_below_its_edge_at_160x45() -> None:
         assert pane.border_subtitle == ""
         # the processes pane keeps its rows beside it
         assert app.query_one("#pane-procs").size.height >= 8
+
+
+# Two reports of a failure elsewhere, from the process that died: the diagnosis names the first
+# and is not sure, so the live death carries a runner-up; the console marks both and `c` steps
+# between them.
+UNSURE = [
+    "(EngineCore_DP0 pid=44606) ERROR 10-24 07:38:03 [core.py:718] ray.exceptions."
+    "ActorDiedError: The actor died unexpectedly before finishing this task.",
+    "(EngineCore_DP0 pid=44606) INFO 10-24 07:38:03 [core.py:720] retrying the placement",
+    "(EngineCore_DP0 pid=44606) ERROR 10-24 07:38:04 [core.py:718] subprocess."
+    "CalledProcessError: Command '['nvidia-smi']' returned non-zero exit status 255.",
+]
+
+
+async def test_an_unsure_cause_marks_its_runner_up_and_c_steps_between_them() -> None:
+    machine = LaunchMachine(noise=NoiseFilter(builtin_rules("vllm")))
+    machine.started(1, 0.0, 0.0)
+    window, pairs, offset = LogWindow(), [], 0
+    for raw in UNSURE:
+        pairs.append((offset, raw))
+        offset += len(raw) + 1
+    for event in machine.feed_lines(pairs, 1.0):
+        if isinstance(event, LinesAdded):
+            window.append(entries(event.chunk))
+    machine.feed_exit(ProcExit(44606, "EngineCore_DP0", 1, None, 2.0, False), 2.0)
+    death = machine.death
+    assert death is not None and death.cause is not None and death.runner_up is not None
+    assert death.cause.offset == pairs[0][0] and death.runner_up.offset == pairs[2][0]
+    app = LogOnly(window)
+    async with app.run_test(size=(120, 20)) as pilot:
+        pane = app.query_one(LogPane)
+        pane.view.add(())
+        pane.post_message(RootCauseFound(death.cause.offset, death.runner_up.offset))
+        await pilot.pause()
+        screen = _screen(pane.view)
+        assert sum(CAUSE_MARK in line for line in screen) == 1
+        assert sum(RUNNER_UP_MARK in line for line in screen) == 1
+        assert pane.view.shown_offset == death.cause.offset
+        assert pane.step_cause() and pane.view.shown_offset == death.runner_up.offset
+        assert pane.step_cause() and pane.view.shown_offset == death.cause.offset

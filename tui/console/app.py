@@ -590,6 +590,11 @@ class ConsoleApp(App[str]):
     def action_next_match(self) -> None:
         self._log_pane().step(+1)
 
+    def action_next_cause(self) -> None:
+        self.current.panes.show_pane("pane-logs")
+        if not self._log_pane().step_cause():
+            self.notify("no root cause yet", severity="information")
+
     def action_prev_match(self) -> None:
         self._log_pane().step(-1)
 

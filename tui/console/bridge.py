@@ -116,7 +116,7 @@ class Bridge:
     spec_interval: SpecDecodeInterval | None = None
     spec_totals: SpecDecodeTotals | None = None
     spec_trend: deque[float] = field(default_factory=lambda: deque(maxlen=SPEC_TREND))
-    _cause_offset: int | None = None
+    _cause_marks: tuple[int | None, int | None] = (None, None)  # cause, runner-up
     _handlers: dict[type, Callable[[Any, _Batch], None]] = field(init=False, repr=False,
                                                               compare=False)
 
@@ -188,7 +188,8 @@ class Bridge:
 
     def _on_run_started(self, event: RunStarted, batch: _Batch) -> None:
         self.procs, self.gpus, self.gpu_note = ProcTree(), GpuHistory(), None
-        self.stalled = self.ready_took = self._cause_offset = None
+        self.stalled = self.ready_took = None
+        self._cause_marks = (None, None)
         self.kill_steps = []
         self.spec_interval = self.spec_totals = None
         self.spec_trend.clear()
@@ -312,11 +313,16 @@ class Bridge:
     def _death(self, event: Died | CauseUpdated) -> list[Message]:
         death = event.death
         head, *rest = death_lines(death)
+        second = death.runner_up
+        if second is not None and death.cause is not None:
+            rest.append(f"runner-up: {second.line} (c steps between the two in the log)")
         out: list[Message] = [AlertRaised("dead", head, "\n".join(rest),
                                           ring=isinstance(event, Died))]
-        if death.cause is not None and death.cause.offset != self._cause_offset:
-            self._cause_offset = death.cause.offset
-            out.append(RootCauseFound(death.cause.offset))
+        marks = (death.cause.offset if death.cause is not None else None,
+                 second.offset if second is not None else None)
+        if death.cause is not None and marks != self._cause_marks:
+            self._cause_marks = marks
+            out.append(RootCauseFound(death.cause.offset, marks[1]))
         return out
 
     def _smoke(self, event: SmokeDone) -> AlertRaised:

@@ -40,6 +40,9 @@ KEYS: tuple[Key, ...] = (  # the footer shows them in this order: the vital ones
     Key("stacks", "d", "stacks", "Stacks",
         "Dump the Python stacks of every process of the run with py-spy on the GPU host (where "
         "each is stuck, the engine's frames marked); saved in the run's directory too"),
+    Key("cause", "c", "next_cause", "Cause",
+        "Show the root cause's line in the log (▶ ROOT CAUSE); when the diagnosis was not sure, "
+        "step between it and the runner-up (▷ RUNNER-UP)", show=False),
     Key("raw", "f", "toggle_raw", "Raw/filtered",
         "Show every line, or hide the noise rules' lines (counted in the log header)"),
     Key("search", "slash", "search", "Search", "Search the log by regular expression",

@@ -36,9 +36,11 @@ class LogSkipped(Message):
 
 @dataclass
 class RootCauseFound(Message):
-    """The root cause's line, by byte offset: mark it and jump to it."""
+    """The root cause's line, by byte offset: mark it and jump to it; the runner-up's, when
+    the ranking was not sure, is marked too (key c steps between them)."""
 
     offset: int
+    runner_up: int | None = None
 
 
 @dataclass

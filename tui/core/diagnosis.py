@@ -232,9 +232,9 @@ class Diagnosis:
         # unknown: no proof of a crash, but what went wrong so far is worth saying
         cause = self.cause(outcome) if outcome not in ("ready", "stopped") else None
         return Explanation(outcome, self.last_phase, cause, self.tracker.symptoms,
-                           dict(self.noise.hidden), services, self._runner_up(cause))
+                           dict(self.noise.hidden), services, self.runner_up(cause))
 
-    def _runner_up(self, cause: RootCause | None) -> RootCause | None:
+    def runner_up(self, cause: RootCause | None) -> RootCause | None:
         """The second ranked candidate, when the first won narrowly in its tier, won by the
         tiers' rule over a higher score, is itself only a report of a failure elsewhere, or
         won because the second is what a good launch survived (a rule learned per profile:

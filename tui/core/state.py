@@ -121,6 +121,9 @@ class Death:
     cause: RootCause | None
     cpid: int | None = None  # its pid inside the container, as the log names it
     oom_killed: bool = False  # the container's memory limit killed it (the runtime says)
+    # the ranking's second candidate when it was not sure (tui.core.diagnosis.runner_up): the
+    # console marks it beside the cause; the banner and `wait` name one cause
+    runner_up: RootCause | None = None
 
     def summary(self) -> str:
         how = ("was killed by the container's memory limit (OOMKilled)" if self.oom_killed
@@ -348,7 +351,7 @@ class LaunchMachine:
             death = self._vllms_account(death)
             cause = self.diagnosis.cause()
             if cause is not None and cause != cause_before:
-                death = replace(death, cause=cause)
+                death = replace(death, cause=cause, runner_up=self.diagnosis.runner_up(cause))
             if death != self.death:
                 self.death = death
                 events.append(CauseUpdated(death))
@@ -503,8 +506,10 @@ class LaunchMachine:
         phase = (Phase.SERVING if self.state is State.READY
                  else self.timeline.current.phase if self.timeline and self.timeline.current
                  else None)
+        cause = self.diagnosis.cause()
         self.death = Death(ex.pid, ex.name, ex.code, ex.signal, ex.time,
-                           max(0.0, ex.time - launched), phase, self.diagnosis.cause(), cpid)
+                           max(0.0, ex.time - launched), phase, cause, cpid,
+                           runner_up=self.diagnosis.runner_up(cause))
         if self.timeline is not None:
             self.timeline.finish(at, failed=True)
         return [*self._to(State.DEAD, at), Died(self.death)]

@@ -29,6 +29,7 @@ from tui.core.logwindow import Entry, Fold, LogWindow, Row
 from tui.core.units import size_words
 
 CAUSE_MARK = "▶ ROOT CAUSE "
+RUNNER_UP_MARK = "▷ RUNNER-UP "  # the ranking's second, when it was not sure
 MAX_DRAWN = 2000
 TAB = 8  # characters of one line drawn; the rest stays in the file
 _ERROR_RE = re.compile(r"^(Traceback \(most recent call last\)|\w*(Error|Exception)\b)")
@@ -70,6 +71,8 @@ class LogView(ScrollView, can_focus=True):
         self.raw = False
         self.following = True
         self.cause_offset: int | None = None
+        self.runner_up_offset: int | None = None
+        self.shown_offset: int | None = None  # the line show_offset last centred
         self.pattern: re.Pattern[str] | None = None
         self.match_offset: int | None = None  # the current search match, by byte offset
         self._width = 0
@@ -114,7 +117,7 @@ class LogView(ScrollView, can_focus=True):
 
     def reset(self) -> None:
         self.window.clear()
-        self.cause_offset = self.pattern = self.match_offset = None
+        self.cause_offset = self.runner_up_offset = self.pattern = self.match_offset = None
         self.following, self._width, self._asked_before, self._hold = True, 0, None, None
         self._resize()
         self.refresh()
@@ -152,6 +155,7 @@ class LogView(ScrollView, can_focus=True):
         if self.window.find(offset, self.raw) is None:
             return False
         self.following = False
+        self.shown_offset = offset
         self._center(offset)
         return True
 
@@ -266,7 +270,7 @@ class LogView(ScrollView, can_focus=True):
         top = int(self.scroll_offset.y)
         at_end = self.following or top >= max(0, len(view) - height)
         key = (top, len(view), view[-1].line.offset if view else None, width, height, self.raw,
-               at_end, self.cause_offset, self.match_offset, self.pattern)
+               at_end, self.cause_offset, self.runner_up_offset, self.match_offset, self.pattern)
         if key == self._layout_key:
             return self._layout
         lines: list[tuple[Text, bool]] = []
@@ -308,7 +312,7 @@ class LogView(ScrollView, can_focus=True):
 
     def _wraps(self, entry: Row) -> bool:
         line = entry.line
-        return line.offset == self.cause_offset or (
+        return line.offset in (self.cause_offset, self.runner_up_offset) or (
             not isinstance(entry, Fold) and bool(_EXCEPTION_RE.match(line.message)))
 
     def line_text(self, entry: Row, current: bool) -> Text:
@@ -332,6 +336,10 @@ class LogView(ScrollView, can_focus=True):
             text.stylize("bold red")
             text = Text.assemble((CAUSE_MARK, "bold white on red"), text, end="")
             shift += len(CAUSE_MARK)
+        elif line.offset == self.runner_up_offset:
+            text.stylize("bold yellow")
+            text = Text.assemble((RUNNER_UP_MARK, "bold black on yellow"), text, end="")
+            shift += len(RUNNER_UP_MARK)
         elif rule is not None:
             text.stylize("dim")
             kind = "harmless" if rule.kind == "harmless" else "hidden"
@@ -392,8 +400,19 @@ class LogPane(Vertical):
 
     def on_root_cause_found(self, message: RootCauseFound) -> None:
         self.view.cause_offset = message.offset
+        self.view.runner_up_offset = message.runner_up
         self.view.show_offset(message.offset)
         self.update_header()
+
+    def step_cause(self) -> bool:
+        """Show the other of the root cause and its runner-up (the cause when neither is
+        shown); False when there is no cause yet."""
+        view = self.view
+        marks = [o for o in (view.cause_offset, view.runner_up_offset) if o is not None]
+        if not marks:
+            return False
+        at = view.shown_offset if view.shown_offset in marks else marks[-1]
+        return view.show_offset(marks[(marks.index(at) + 1) % len(marks)])
 
     def on_log_skipped(self, message: LogSkipped) -> None:
         self.view.skip(message.start, message.end)
