@@ -448,6 +448,8 @@ def test_a_native_crash_reported_by_faulthandler_is_the_cause_not_a_cut_tracebac
     "RuntimeError: Initialization failed. controller_init_state: Traceback (most recent call",
     "ValueError: TP rank 1 could finish the model loading, but there are other ranks that didn't "
     "finish loading. It is likely due to unexpected failures (e.g., OOM) or a slow node.",
+    # a launcher's view of its child's end
+    "Exception: Server process exited with code -9. Check server logs for errors.",
 ])
 def test_reports_of_another_process_failure_are_symptoms(line: str) -> None:
     tracker = track([line])
@@ -461,3 +463,12 @@ def test_nccls_own_info_lines_are_never_a_cause() -> None:
     warn = "sglang-0:100:1012 [1] NCCL WARN ncclCommInitRank: unhandled system error"
     cause = track([info, warn]).cause()
     assert cause is not None and cause.line == warn
+
+
+@pytest.mark.parametrize("line", ["Killed",
+                                  "./serve.sh: line 3: 88123 Killed                  vllm serve"])
+def test_the_shells_word_for_a_sigkilled_job_is_a_fatal_cause(line: str) -> None:
+    cause = track(["INFO 05-01 10:00:00 [loader.py:1] Loading safetensors checkpoint shards",
+                   line]).cause()
+    assert cause is not None and cause.line == line.strip()
+    assert cause.kind is not None and cause.kind.id == "killed" and cause.kind.fatal

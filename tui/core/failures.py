@@ -105,6 +105,13 @@ CLASSES: tuple[FailureClass, ...] = (
        "failing network disk) or a /dev/shm too small for NCCL (docker: --ipc=host or "
        "--shm-size); a Segmentation fault, a kernel or library built for another CUDA/torch",
        raw=True, fatal=True),
+    _c("killed", "the process was killed (SIGKILL)",
+       r"^Killed$|: line \d+: +\d+ Killed\b",
+       "the shell (bash, dash) reporting a foreground job ended by SIGKILL: 'Killed', or "
+       "'script: line N: PID Killed  command' from a script",
+       "mostly the kernel's OOM killer when host RAM runs out (loading a checkpoint, many "
+       "workers, a big CPU swap space): `dmesg | grep -i oom`; lower --swap-space, load fewer "
+       "shards at once, or add host memory", raw=True, fatal=True),
     _c("device_assert", "a GPU kernel's assertion failed",
        r"\.cu:\d+: .*Assertion|device-side assert",
        "a kernel's device-side assert(): the CUDA runtime prints 'file.cu:N: function: block: "

@@ -87,6 +87,8 @@ _SYMPTOM_RE = re.compile(
     r"|\w+_init_state:)"
     # vLLM v1/engine/core_client.py: a worker's death signalled to the front end (SIGUSR1)
     r"|Got fatal signal from worker processes"
+    # a launcher's or a test harness's view of its child's end (SGLang's popen_launch_server)
+    r"|[Pp]rocess (?:\S+ )?exited with (?:exit )?code -?\d+"
     r"|MQLLMEngine is already dead|failed to be inspected\. Please check the logs"
 )
 # An orderly shutdown someone asked for (SIGTERM, `specconsole kill`): the "Parent process
