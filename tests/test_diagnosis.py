@@ -412,3 +412,27 @@ def test_an_orderly_shutdown_after_ready_is_stopped(lines: list[str], outcome: s
     ex = explain(lines)
     assert ex.outcome == outcome
     assert (ex.root_cause is None) == (outcome in ("stopped", "ready", "unknown"))
+
+
+_WATCHDOG = ("[rank1]:[E1206 02:10:11.123 ProcessGroupNCCL.cpp:1595] [PG ID 2 PG GUID 3 Rank 1] "
+             "Process group watchdog thread terminated with exception: {}")
+
+
+@pytest.mark.parametrize(("error", "outcome"), [
+    ("CUDA error: an illegal memory access was encountered", "crashed"),
+    ("CUDA error: uncorrectable ECC error encountered", "crashed"),
+    ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, "
+     "OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.", "hung"),
+])
+def test_a_watchdog_that_reports_a_device_fault_is_a_crash_not_a_hang(error: str,
+                                                                     outcome: str) -> None:
+    """NCCL's watchdog ends on the error it caught: a collective's timeout is a hang; a CUDA
+    or ECC fault is a crash, and std::terminate's what() line names it."""
+    what = f"  what():  [PG ID 2 PG GUID 3 Rank 1] Process group watchdog thread terminated with " \
+           f"exception: {error}"
+    ex = explain([*_SERVING, _WATCHDOG.format(error),
+                  "terminate called after throwing an instance of 'c10::DistBackendError'", what,
+                  "Fatal Python error: Aborted"])
+    assert ex.outcome == outcome
+    if outcome == "crashed":
+        assert ex.root_cause is not None and ex.root_cause.line == what.strip()

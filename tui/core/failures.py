@@ -188,7 +188,10 @@ HANG_MARKERS: tuple[FailureClass, ...] = (
        "a worker is stuck (a collective waiting for a peer, a long compile): dump the "
        "stacks (key d, `specconsole stacks`), and look for the process that is not waiting"),
     _c("nccl_watchdog", "an NCCL collective timed out",
-       r"Watchdog caught collective operation timeout|watchdog thread terminated with exception"
+       r"Watchdog caught collective operation timeout"
+       # the watchdog ends on the error it caught: a hang only when that error is a timeout
+       # (a CUDA error or an ECC fault it reports is a crash, its what() line the cause)
+       r"|watchdog thread terminated with exception:.*(?:[Tt]imeout|timed out|ran for)"
        r"|ProcessGroupNCCL's watchdog got stuck|Timeout\(ms\)=\d+\) ran for",
        "torch csrc/distributed/c10d/ProcessGroupNCCL.cpp, the watchdog's LOG(ERROR) "
        "'Watchdog caught collective operation timeout: ... ran for N milliseconds'",

@@ -375,7 +375,10 @@ class RootCauseTracker:
                 # `Unable to load X from Y on HF Hub.`: its traceback's exception says more
                 self._candidate(line, msg.strip(), [msg], weak=True, evidence=False)
         elif level is None:
-            if not self._symptom(line, msg) and msg[:1] not in (" ", "\t"):
+            if msg[:12].lstrip().startswith("what():"):
+                # std::terminate's report of the C++ exception that ended the process
+                self._candidate(line, msg.strip(), [msg])
+            elif not self._symptom(line, msg) and msg[:1] not in (" ", "\t"):
                 if ((": " in msg[:256] or msg[-1:] == ":")
                         and _NAMED_EXCEPTION_RE.match(msg[:256]) is not None):
                     # a traceback's last line whose frames are not in this log; a bare

@@ -37,7 +37,7 @@ CORE_NEEDLES = (
     "No space left", "quota", "already in use", "attempting to bind", "HIP", "ACL", "aclnn",
     "kernel image", "illegal memory", "device-side", "block found", "atchdog", "Timeout(ms)",
     "core engine proc", "Unable to load", "import", "undefined symbol", "Process ", "hit an",
-    "Shutting down", "Finished server process",
+    "Shutting down", "Finished server process", "what():",
 )
 # Lines a serving server writes all the time (stats, spec-decode readouts, batches): of these
 # only a chunk's first (the phase it enters) and last (the state now) are decoded.
