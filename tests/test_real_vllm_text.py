@@ -119,8 +119,12 @@ def test_startup_noise_is_hidden_by_rule(rule: str, at_least: int) -> None:
 
 
 def test_explain_the_startup_log() -> None:
+    """Ready, then the lane's SIGTERM: an orderly shutdown, `stopped` (issue 28), no cause;
+    without its shutdown lines, ready."""
     report = explain(STARTUP)
-    assert report.outcome == "ready" and report.root_cause is None
+    assert report.outcome == "stopped" and report.root_cause is None
+    cut = next(i for i, line in enumerate(STARTUP) if "[shutdown]" in line)
+    assert explain(STARTUP[:cut]).outcome == "ready"
 
 
 # -- the crash: the engine's worker imports the broken module ------------------------------------

@@ -241,7 +241,7 @@ class Diagnosis:
         shown, not hidden)."""
         if cause is None or cause.score is None:
             return None
-        ranked = self.tracker.ranked(self.ranker)
+        ranked = self.tracker.ranked(self.ranker, 2)
         if len(ranked) < 2 or ranked[0].offset != cause.offset:
             return None
         second = ranked[1]

@@ -261,7 +261,7 @@ class RootCauseTracker:
         """The best cause known now: a real exception or stated failure, the best ranked
         (`ranker`: the shipped one unless given); else, when a traceback was cut
         before its exception line, that (`missing`); else None."""
-        ranked = self.ranked(ranker)
+        ranked = self.ranked(ranker, 1)
         return ranked[0] if ranked else self._missing()
 
     def candidates(self) -> list[_Candidate]:
@@ -278,15 +278,16 @@ class RootCauseTracker:
                      or [c for c in cands if c.proc is not None and c.proc == short] or cands)
         return cands
 
-    def ranked(self, ranker: Ranker | None = None) -> list[RootCause]:
-        """Every candidate as a RootCause, best ranked first (tui.core.ranking)."""
+    def ranked(self, ranker: Ranker | None = None, limit: int | None = None) -> list[RootCause]:
+        """The candidates as RootCauses, best ranked first (tui.core.ranking); the first
+        `limit` of them (each one classified: the live console asks after every chunk)."""
         cands = self.candidates()
         if not cands:
             return []
         ranker = ranker or shipped()
         facts = [c.facts(self.survived) for c in cands]
         out = []
-        for score, i, feats in ranker.order(facts):
+        for score, i, feats in ranker.order(facts)[:limit]:
             c = cands[i]
             text = c.text()
             why = [SURVIVED_WORDS] if facts[i].survived else reasons(ranker, feats)
