@@ -80,9 +80,14 @@ def cause_matches(ex: Explanation, expected: str | None, data: bytes) -> bool:
         return cause is None or cause.missing
     if cause is None or cause.missing:
         return False
-    if cause.offset in _line_offsets(data, expected):
+    return line_matches(cause.offset, cause.line, expected, data)
+
+
+def line_matches(offset: int, line: str, expected: str, data: bytes) -> bool:
+    """A claimed cause line (at `offset` of `data`) is the expected one, or holds its text."""
+    if offset in _line_offsets(data, expected):
         return True
-    said = _norm(cause.line)[:60]
+    said = _norm(line)[:60]
     return len(said) >= 12 and said in _norm(expected)
 
 

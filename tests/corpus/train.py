@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE.parent.parent))
 sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
-from score import SYMPTOM, cause_matches  # noqa: E402
+from score import SYMPTOM, cause_matches, line_matches  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 from sklearn.model_selection import GroupKFold  # noqa: E402
 
@@ -60,18 +60,17 @@ CHECK_TOLERANCE = 2e-3
 class Log:
     log_id: str
     thread: str  # the source thread: the cross-validation's group
-    part: str
     meta: dict
     data: bytes
     diagnosis: Diagnosis
-    x: list[list[float]]  # the features of each candidate (the tracker's, as ranked)
+    x: list[list[float]]  # the features of each candidate, in the log's order
     tiers: list[int]  # each candidate's tier (tui.core.ranking.tier)
     right: list[int]  # the candidates that are the expected cause
 
 
-def load(part_of: dict[str, str]) -> list[Log]:
+def load(ids: list[str]) -> list[Log]:
     logs = []
-    for log_id, part in sorted(part_of.items()):
+    for log_id in sorted(ids):
         path = HERE / "logs" / f"{log_id}.log"
         meta = json.loads(path.with_suffix(".json").read_text())
         data = path.read_bytes()
@@ -80,27 +79,12 @@ def load(part_of: dict[str, str]) -> list[Log]:
         feats = features([c.facts() for c in cands])
         right = []
         if meta["outcome"] in ("crashed", "hung") and meta["root_cause"]:
-            for i, c in enumerate(cands):
-                probe = _Probe(c.offset, c.text())
-                if cause_matches(probe, meta["root_cause"], data):  # type: ignore[arg-type]
-                    right.append(i)
-        logs.append(Log(log_id, meta["source"], part, meta, data, d,
+            right = [i for i, c in enumerate(cands)
+                     if line_matches(c.offset, c.text(), meta["root_cause"], data)]
+        logs.append(Log(log_id, meta["source"], meta, data, d,
                         [[f[n] for n in FEATURES] for f in feats],
                         [tier(c.facts()) for c in cands], right))
     return logs
-
-
-@dataclass
-class _Probe:
-    """What cause_matches reads of an Explanation: a root cause at an offset, with a line."""
-
-    offset: int
-    line: str
-    missing: bool = False
-
-    @property
-    def root_cause(self) -> _Probe:
-        return self
 
 
 def pairs(logs: Sequence[Log]) -> tuple[np.ndarray, np.ndarray]:
@@ -184,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     split = json.loads((HERE / "split.json").read_text())
     started = time.monotonic()
-    known = load({i: p for i, p in split.items() if p != "sealed"})
-    sealed = load({i: p for i, p in split.items() if p == "sealed"})
+    known = load([i for i, p in split.items() if p != "sealed"])
+    sealed = load([i for i, p in split.items() if p == "sealed"])
     print(f"read {len(known) + len(sealed)} logs in {time.monotonic() - started:.0f} s; "
           f"{sum(bool(g.right) for g in known)} training logs with their cause among the "
           f"candidates, {len(pairs(known)[1]) // 2} pairs")
