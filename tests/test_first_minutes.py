@@ -46,17 +46,24 @@ class LogOnly(App[None]):
         yield LogPane(self.window)
 
 
-def _window() -> tuple[LogWindow, int]:
+def _fed(lines: list[str]) -> tuple[LaunchMachine, LogWindow, list[int]]:
+    """A live LaunchMachine fed `lines` as one chunk, the window the console would show, and
+    each line's byte offset."""
     machine = LaunchMachine(noise=NoiseFilter(builtin_rules("vllm")))
     machine.started(1, 0.0, 0.0)
     window, pairs, offset = LogWindow(), [], 0
-    for raw in LINES:
+    for raw in lines:
         pairs.append((offset, raw))
         offset += len(raw) + 1
     for event in machine.feed_lines(pairs, 1.0):
         if isinstance(event, LinesAdded):
             window.append(entries(event.chunk))
-    return window, pairs[4][0]
+    return machine, window, [at for at, _ in pairs]
+
+
+def _window() -> tuple[LogWindow, int]:
+    _, window, offsets = _fed(LINES)
+    return window, offsets[4]
 
 
 def _screen(view: LogView) -> list[str]:
@@ -135,19 +142,11 @@ UNSURE = [
 
 
 async def test_an_unsure_cause_marks_its_runner_up_and_c_steps_between_them() -> None:
-    machine = LaunchMachine(noise=NoiseFilter(builtin_rules("vllm")))
-    machine.started(1, 0.0, 0.0)
-    window, pairs, offset = LogWindow(), [], 0
-    for raw in UNSURE:
-        pairs.append((offset, raw))
-        offset += len(raw) + 1
-    for event in machine.feed_lines(pairs, 1.0):
-        if isinstance(event, LinesAdded):
-            window.append(entries(event.chunk))
+    machine, window, offsets = _fed(UNSURE)
     machine.feed_exit(ProcExit(44606, "EngineCore_DP0", 1, None, 2.0, False), 2.0)
     death = machine.death
     assert death is not None and death.cause is not None and death.runner_up is not None
-    assert death.cause.offset == pairs[0][0] and death.runner_up.offset == pairs[2][0]
+    assert death.cause.offset == offsets[0] and death.runner_up.offset == offsets[2]
     app = LogOnly(window)
     async with app.run_test(size=(120, 20)) as pilot:
         pane = app.query_one(LogPane)
