@@ -17,7 +17,7 @@ import pytest
 from helpers import RUN_ID_ENV, async_wait_for, carriers, next_event, sim_profile
 
 from tui.core.phases import Phase
-from tui.core.profile import load_profile
+from tui.core.profile import Profile, load_profile
 from tui.core.protocol import HttpReply
 from tui.core.ranking import shape
 from tui.core.state import Died, Ready, State
@@ -317,27 +317,28 @@ async def test_an_error_a_ready_launch_survived_is_recorded_and_read_by_the_next
         f'tensor_parallel_size = 8\nargs = ["--sim-harmless-error", "{harmless}"]\n', 1))
     profile = load_profile(path)
     history = History(tmp_path / "h.sqlite3")
-    first = Supervisor(profile, history=history)
-    events = first.subscribe()
+    first = await _launched_until(profile, history, cleanup, Ready)
+    (kept,) = history.survived(profile.key, profile.host.target)
+    assert kept.startswith(shape(harmless))  # as logged (the sim marks its lines)
+    second = await _launched_until(profile, history, cleanup, HistoryLoaded)
+    assert kept in second.machine.tracker.survived
+    assert first.run.run_id != second.run.run_id
+
+
+async def _launched_until(profile: Profile, history: History, cleanup: list[str],
+                          event: type) -> Supervisor:
+    """Launch the profile, wait for the first `event`, kill the run and stop watching; the
+    supervisor as it was then."""
+    sup = Supervisor(profile, history=history)
+    events = sup.subscribe()
     try:
-        await first.launch(skip_preflight=True)
-        cleanup.append(first.run.run_id)
-        await next_event(events, Ready)
-        (kept,) = history.survived(profile.key, profile.host.target)
-        assert kept.startswith(shape(harmless))  # as logged (the sim marks its lines)
-        await first.kill(1.0)
+        await sup.launch(skip_preflight=True)
+        cleanup.append(sup.run.run_id)
+        await next_event(events, event)
+        await sup.kill(1.0)
     finally:
-        await first.close()
-    second = Supervisor(profile, history=history)
-    events = second.subscribe()
-    try:
-        await second.launch(skip_preflight=True)
-        cleanup.append(second.run.run_id)
-        await next_event(events, HistoryLoaded)
-        assert kept in second.machine.tracker.survived
-        await second.kill(1.0)
-    finally:
-        await second.close()
+        await sup.close()
+    return sup
 
 
 def test_explain_with_its_profile_sets_aside_what_good_launches_survived(tmp_path: Path) -> None:
