@@ -409,6 +409,45 @@ def test_short_lived_grandchild_is_seen_and_its_death_reported(runs) -> None:
         assert agent.close() == 0
 
 
+FORKS = r"""
+import subprocess, sys, time
+W = '''
+import os, time
+print("worker up", flush=True)
+for tail in ("exit", "exec"):
+    pid = os.fork()
+    if pid == 0:  # seen under the worker's title for a while, as a compiler child can be
+        time.sleep(0.6)
+        if tail == "exec":
+            os.execvp("sh", ["sh", "-c", "exit 0"])
+        os._exit(0)
+    os.waitpid(pid, 0)  # reaped at once: its end may never be read
+print("forks done", flush=True)
+time.sleep(60)
+'''
+subprocess.Popen(["VLLM::Worker_TP1", "-c", W], executable=sys.executable)
+time.sleep(60)
+"""
+
+
+def test_a_forked_child_is_marked_as_never_itself(runs) -> None:
+    """A child seen only under its parent's title (between a fork and an exec) is reported
+    as forked when it ends, so that nobody takes it for the worker itself; the worker lives."""
+    run_dir, _ = runs(FORKS)
+    agent = Agent("watch", watch_spec(run_dir, procs_interval=0.1, log_interval=0.02))
+    try:
+        ended = [agent.first("exit"), agent.next("exit")[1]]  # the two children
+        agent.first("log", lambda m: "forks done" in m["lines"])
+        _, procs = agent.next("procs")
+        worker = next(p for p in procs["procs"] if p["name"] == "Worker_TP1" and p["alive"])
+        ended = [m for m in agent.seen if m["t"] == "exit"]
+        assert ended and worker["pid"] not in {m["pid"] for m in ended}, ended
+        forked = [m for m in ended if m["name"] == "Worker_TP1"]
+        assert forked and all(m.get("forked") is True for m in forked), ended
+    finally:
+        assert agent.close() == 0
+
+
 CHURN = r"""
 import subprocess, time
 end = time.time() + 1.5

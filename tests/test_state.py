@@ -122,6 +122,35 @@ def test_any_other_process_that_fails_is_a_death() -> None:
     assert any(isinstance(e, Died) for e in events) and m.state is State.DEAD
 
 
+def test_a_forked_child_under_its_parents_title_is_not_that_process() -> None:
+    """A worker's compiler child adopted between its fork and its exec carries the worker's
+    title; reaped by the worker before its exit was read, it once read as Worker_TP1 dead
+    (the vLLM lane's two-node run, CI of 2026-12-06).  It is the worker's child: a clean or
+    unknown end is nothing, a failure is a death under its own words."""
+    m = _machine()
+    _feed(m, STORY[:4], T0 + 5)
+    assert m.feed_exit(ProcExit(500, "Worker_TP3", None, None, T0 + 8, False,
+                                forked=True), T0 + 8) == []
+    assert m.feed_exit(ProcExit(501, "Worker_TP3", 0, None, T0 + 8, False,
+                                forked=True), T0 + 8) == []
+    assert m.death is None and m.state.live
+    killed = m.feed_exit(ProcExit(502, "Worker_TP3", None, 9, T0 + 9, False, forked=True),
+                         T0 + 9)
+    death = next(e for e in killed if isinstance(e, Died)).death
+    assert (death.process, death.pid, death.signal) == ("child of Worker_TP3", 502, 9)
+
+
+def test_a_forked_process_the_log_speaks_for_is_itself() -> None:
+    """A worker forked from its engine that died before retitling, but logged under its own
+    pid: the log's name is its own, and its end is the run's death."""
+    m = _machine()
+    _feed(m, STORY, T0 + 20)
+    died = m.feed_exit(ProcExit(303, "EngineCore_DP0", None, None, T0 + 23, False,
+                                forked=True), T0 + 23)
+    death = next(e for e in died if isinstance(e, Died)).death
+    assert (death.process, death.pid) == ("Worker_TP3", 303)
+
+
 def test_a_zombie_engine_core_known_only_by_its_truncated_comm_is_a_death() -> None:
     m = _machine()
     m.feed_exit(ProcExit(200, "EngineCor", 0, None, T0 + 9, False), T0 + 9)

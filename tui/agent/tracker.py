@@ -32,12 +32,13 @@ MAX_CMD = 8192  # the most characters of a command line we report
 class Proc:
     """One process of the run; its pidfd turns readable when it exits."""
 
-    __slots__ = ("alive", "argv", "children_fd", "comm", "cpid", "cpu_prev", "name", "pgid",
-                 "pid", "pidfd", "ppid", "server", "start_ticks", "state", "top")
+    __slots__ = ("alive", "argv", "children_fd", "comm", "cpid", "cpu_prev", "inherited",
+                 "name", "pgid", "pid", "pidfd", "ppid", "server", "start_ticks", "state", "top")
 
-    def __init__(self, pid: int, st: Stat, top: bool, server: bool | None = None) -> None:
+    def __init__(self, pid: int, st: Stat, top: bool, server: bool | None = None,
+                 parent_argv: list[str] | None = None) -> None:
         """server: named as the run's server (the top, or the command a container's init
-        runs); None: as top."""
+        runs); None: as top.  parent_argv: its parent's command line, when a member."""
         self.pid = pid
         self.top = top
         self.server = top if server is None else server
@@ -47,6 +48,9 @@ class Proc:
         self.argv = read_cmdline(pid)
         self.cpid = read_nspid(pid)  # its pid inside a container, which its log lines print
         self.name = vllm_name(self.argv, st.comm, self.server)
+        # Forked and not yet its own: its parent's very command line, so its name is the
+        # parent's (a worker's compiler child before its exec; see own_name)
+        self.inherited = (self.argv or None) if self.argv == parent_argv and not top else None
         self.pidfd: int | None = None
         self.children_fd: int | None = None  # its children file, open while it is young
         self.alive = not st.dead
@@ -188,7 +192,8 @@ class Tracker:
     def _adopt(self, pid: int, st: Stat, top: bool) -> Proc:
         parent = self.procs.get(st.ppid)
         proc = Proc(pid, st, top, server=top or (parent is not None and parent.top
-                                                  and parent.comm in CONTAINER_INITS))
+                                                  and parent.comm in CONTAINER_INITS),
+                    parent_argv=parent.argv if parent is not None else None)
         self.procs[pid] = proc
         if not proc.alive or not self.use_pidfd:
             return proc
@@ -221,6 +226,7 @@ class Tracker:
             proc.state = "zombie" if st.state == "Z" else "dead"
             if st.comm != proc.comm:  # renamed (or exec'd) since we looked: a zombie keeps
                 proc.comm = st.comm   # only its comm, so the name comes from that, unless
+                proc.inherited = None
                 first = proc.argv[0] if proc.argv else ""  # it is the title we read, cut short
                 if not first.startswith(st.comm):
                     proc.name = vllm_name(None, st.comm, proc.server)
@@ -238,6 +244,8 @@ class Tracker:
         proc.alive = False
         event = {"pid": proc.pid, "name": proc.name, "code": code, "signal": sig,
                  "time": time.time(), "top": proc.top}
+        if proc.inherited is not None:
+            event["forked"] = True  # never seen as itself: its name is its parent's
         if proc.cpid is not None:
             event["cpid"] = proc.cpid
         return event
@@ -248,10 +256,12 @@ class Tracker:
         for pid, p in list(self.procs.items()):
             st = read_stat(pid) if p.alive else None
             if st is not None and st.start_ticks == p.start_ticks and not st.dead:
-                if st.comm != p.comm or p.name == "mp-spawn":  # exec, or a title set since
-                    p.comm = st.comm
+                if st.comm != p.comm or p.name == "mp-spawn" or p.inherited is not None:
+                    p.comm = st.comm  # exec'd, or a title set since (a forked child's too)
                     p.argv = read_cmdline(pid) or p.argv
                     p.name = vllm_name(p.argv, st.comm, p.server)
+                    if p.argv != p.inherited:
+                        p.inherited = None
                 cpu = None
                 if p.cpu_prev is not None and now > p.cpu_prev[1]:
                     cpu = round((st.cpu_ticks - p.cpu_prev[0]) / CLK_TCK

@@ -134,6 +134,9 @@ class ProcExit:
     time: float
     top: bool
     cpid: int | None = None  # its pid inside a container
+    # forked and never seen as itself (its parent's command line to the end): its name is
+    # its parent's, not its own (a worker's compiler child reaped before its exit was read)
+    forked: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,7 +401,7 @@ _DECODERS: dict[str, Any] = {
     "log_skipped": lambda d: LogSkipped(int(d["off"]), int(d["end"])),
     "exit": lambda d: ProcExit(int(d["pid"]), str(d.get("name") or "?"), d.get("code"),
                                d.get("signal"), float(d["time"]), bool(d.get("top")),
-                               _int_or_none(d.get("cpid"))),
+                               _int_or_none(d.get("cpid")), d.get("forked") is True),
     "run_exit": lambda d: RunExit(d.get("pid"), d.get("code"), d.get("signal"),
                                   float(d.get("time") or 0.0), d.get("oom_killed") is True,
                                   d.get("container") if isinstance(d.get("container"), str)

@@ -477,7 +477,12 @@ class LaunchMachine:
         self.procwatch.ended(ex.pid)
         if ex.cpid is not None:
             self.container_pids[ex.pid] = ex.cpid
-        name = self.name_of(ex.pid, ex.name)
+        if ex.forked and self.container_pids.get(ex.pid, ex.pid) not in self.log_names:
+            # its parent's title to the end and no line of its own: a child of that process
+            # (a compiler a worker ran), not the process itself
+            name = f"child of {ex.name}"
+        else:
+            name = self.name_of(ex.pid, ex.name)
         code, sig = _status(ex.code, ex.signal) if ex.code is not None or ex.signal is not None \
             else _status(self.reported_codes.get(name), None)
         ex = replace(ex, name=name, code=code, signal=sig)
