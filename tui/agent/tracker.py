@@ -49,7 +49,7 @@ class Proc:
         self.cpid = read_nspid(pid)  # its pid inside a container, which its log lines print
         self.name = vllm_name(self.argv, st.comm, self.server)
         # Forked and not yet its own: its parent's very command line, so its name is the
-        # parent's (a worker's compiler child before its exec; see own_name)
+        # parent's (a worker's compiler child before its exec); cleared once it is its own
         self.inherited = (self.argv or None) if self.argv == parent_argv and not top else None
         self.pidfd: int | None = None
         self.children_fd: int | None = None  # its children file, open while it is young

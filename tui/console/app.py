@@ -257,7 +257,9 @@ class ConsoleApp(App[str]):
             no_wrap=True, overflow="ellipsis"))
 
     def _redraw_fleet(self) -> None:
-        if self.fleet_stale and self.query(FleetTable):
+        """On a timer, which may fire while the app removes its widgets at exit: then the
+        table or the title may already be gone (a NoMatches in the fleet test, once)."""
+        if self.fleet_stale and self.query(FleetTable) and self.query("#fleet-title"):
             self._draw_fleet()
 
     def _selected(self) -> Watch:
