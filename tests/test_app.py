@@ -28,7 +28,8 @@ from tui.console.widgets.procs import ProcPane
 from tui.console.widgets.timeline import TimelinePane
 from tui.core.profile import HostConfig, load_profile
 from tui.core.state import State
-from tui.remote.session import Session, open_session
+from tui.remote.interface import Session
+from tui.remote.session import open_session
 from tui.supervise.history import History, Launch
 from tui.supervise.supervisor import Supervisor
 

@@ -38,7 +38,8 @@ from tui.console.widgets.banner import Banner
 from tui.console.widgets.logs import LogView
 from tui.core.profile import HostConfig, load_profile
 from tui.core.state import State
-from tui.remote.session import Session, open_session
+from tui.remote.interface import Session
+from tui.remote.session import open_session
 from tui.supervise.history import History
 from tui.supervise.supervisor import Supervisor
 

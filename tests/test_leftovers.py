@@ -32,7 +32,8 @@ from tui.core.profile import HostConfig, load_profile
 from tui.core.protocol import GpuHolder
 from tui.core.state import State
 from tui.remote import launcher
-from tui.remote.session import Session, open_session
+from tui.remote.interface import Session
+from tui.remote.session import open_session
 from tui.supervise.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -37,7 +37,8 @@ from tui.core.errors import (
 )
 from tui.core.profile import HostConfig
 from tui.remote.agent_link import AgentTarget, call_agent, stream_agent
-from tui.remote.session import LocalSession, Session, check_python, open_session
+from tui.remote.interface import Session
+from tui.remote.session import LocalSession, check_python, open_session
 
 PY = sys.executable
 ECHO_ARGV = "import json, sys; print(json.dumps(sys.argv[1:]))"

@@ -23,7 +23,7 @@ from tui.core.protocol import RunRecord
 from tui.core.serving import ServingReadout, ServingSample, parse_log_line
 from tui.core.units import duration
 from tui.remote import launcher
-from tui.remote.session import Session
+from tui.remote.interface import Session
 from tui.supervise.runs import Member, Run
 
 HEAD_BYTES = 512 * 1024  # the startup: where the phases are

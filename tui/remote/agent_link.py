@@ -14,7 +14,8 @@ from typing import Any
 from tui.core.errors import AgentError, RemoteModuleMissing
 from tui.core.protocol import AGENT_BOOTSTRAP, AgentEvent, AgentFault, agent_stdin, decode
 from tui.remote.agent_archive import agent_archive
-from tui.remote.session import MODULE_FIX, Session, python_missing
+from tui.remote.interface import Session
+from tui.remote.session import MODULE_FIX, python_missing
 
 # (host, interpreter) pairs whose cache holds the current archive: its bytes need not travel
 _CACHED: set[tuple[str, str]] = set()

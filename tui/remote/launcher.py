@@ -45,7 +45,7 @@ from tui.core.protocol import (
 )
 from tui.core.specconfig import speculative_checks
 from tui.remote.agent_link import AgentTarget, call_agent, stream_agent
-from tui.remote.session import Session
+from tui.remote.interface import Session
 
 
 def agent_target(profile: Profile) -> AgentTarget:

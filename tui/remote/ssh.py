@@ -32,7 +32,7 @@ from tui.core.errors import (
     HostUnreachable,
     SessionError,
 )
-from tui.remote.session import CommandResult, Session, Stream, one_line, stderr_tail
+from tui.remote.interface import CommandResult, Session, Stream, one_line, stderr_tail
 
 SSH_CONFIG_ENV = "SPECCONSOLE_SSH_CONFIG"
 """An ssh_config file to use instead of ~/.ssh/config (tests, or a console-only config)."""

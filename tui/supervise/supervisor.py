@@ -77,7 +77,8 @@ from tui.core.state import (
 from tui.core.units import duration
 from tui.remote import launcher
 from tui.remote.agent_link import stream_agent
-from tui.remote.session import Session, check_python, open_session
+from tui.remote.interface import Session
+from tui.remote.session import check_python, open_session
 from tui.supervise.history import History, Launch
 from tui.supervise.hooks import hook_env, run_hook
 
