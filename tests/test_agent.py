@@ -444,6 +444,7 @@ def test_a_forked_child_is_marked_as_never_itself(runs) -> None:
         assert ended and worker["pid"] not in {m["pid"] for m in ended}, ended
         forked = [m for m in ended if m["name"] == "Worker_TP1"]
         assert forked and all(m.get("forked") is True for m in forked), ended
+        assert all(m["parent"] == "Worker_TP1" for m in ended), ended  # each one's parent
     finally:
         assert agent.close() == 0
 

@@ -116,6 +116,18 @@ def test_helper_processes_exiting_cleanly_are_not_deaths() -> None:
     assert m.state is State.STARTING
 
 
+def test_a_command_a_shell_ran_failing_is_the_scripts_business() -> None:
+    """`ray start`'s scripts run `readlink` that exits 1 by design (the fault lab's Ray head,
+    2026-12-06): a shell's command failing is reported, never the run's death; the same
+    command run by the engine is."""
+    m = _machine()
+    events = m.feed_exit(ProcExit(405, "readlink", 1, None, T0 + 9, False, parent="bash"), T0 + 9)
+    assert [type(e) for e in events] == [HelperExited] and m.state is State.STARTING
+    events = m.feed_exit(ProcExit(406, "readlink", 1, None, T0 + 9, False,
+                                  parent="EngineCore_DP0"), T0 + 9)
+    assert any(isinstance(e, Died) for e in events) and m.state is State.DEAD
+
+
 def test_any_other_process_that_fails_is_a_death() -> None:
     m = _machine()
     events = m.feed_exit(ProcExit(404, "python3", None, 11, T0 + 9, False), T0 + 9)

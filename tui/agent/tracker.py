@@ -117,7 +117,8 @@ class Tracker:
         self.seen |= pids
         if self.env_scan:
             me = os.getpid()
-            for pid, st in list(fresh.items()):
+            # oldest first: a parent is adopted before the children it forked (see inherited)
+            for pid, st in sorted(fresh.items(), key=lambda item: item[1].start_ticks):
                 env = read_environ(pid) if not st.dead and pid != me else None
                 if env is not None and self.run.env_needle in env:
                     adopted.append(self._adopt(pid, fresh.pop(pid), top=False))
@@ -246,6 +247,9 @@ class Tracker:
                  "time": time.time(), "top": proc.top}
         if proc.inherited is not None:
             event["forked"] = True  # never seen as itself: its name is its parent's
+        parent = self.procs.get(proc.ppid)
+        if parent is not None and not proc.top:
+            event["parent"] = parent.name  # a shell's command fails as part of its script
         if proc.cpid is not None:
             event["cpid"] = proc.cpid
         return event

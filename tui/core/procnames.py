@@ -28,10 +28,13 @@ _SERVER_ROLE = re.compile(
     r"^(APIServer|EngineCor|VllmWorker|Worker|RayWorkerWrapper|mp-spawn|vllm|sglang|SGLang"
     r"|Scheduler|schedul|detoken|data_parallel)",
 )
+# Shells: a command one runs is a step of its script (see is_shell).
+_SHELLS = r"sh|bash|dash|zsh|ksh|busybox"
+_SHELL = re.compile(rf"^({_SHELLS})$")
 # Helpers that come and go during a launch (compilers, shells, the multiprocessing resource
 # tracker): even a failing one is reported, not taken for the server's death.
 _HELPER = re.compile(r"^(resource_tracker|g\+\+|c\+\+|gcc|cc1plus|cc1|as|ld|collect2|ninja|make"
-                     r"|sh|bash|dash|nvcc|ptxas|cicc|fatbinary|nvlink)$")
+                     rf"|{_SHELLS}|nvcc|ptxas|cicc|fatbinary|nvlink)$")
 
 
 def is_server_role(name: str) -> bool:
@@ -42,6 +45,11 @@ def is_server_role(name: str) -> bool:
 def is_helper(name: str) -> bool:
     """A helper of the launch (compiler, shell, resource tracker), by its kernel name."""
     return _HELPER.match(name) is not None
+
+
+def is_shell(name: str) -> bool:
+    """A shell, by its kernel name: what it runs (`readlink`, `grep -q`) may fail by design."""
+    return _SHELL.match(name) is not None
 
 
 def top_name(engine: str) -> str:

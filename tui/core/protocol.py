@@ -137,6 +137,7 @@ class ProcExit:
     # forked and never seen as itself (its parent's command line to the end): its name is
     # its parent's, not its own (a worker's compiler child reaped before its exit was read)
     forked: bool = False
+    parent: str | None = None  # its parent's name, when the agent watched the parent too
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,7 +402,8 @@ _DECODERS: dict[str, Any] = {
     "log_skipped": lambda d: LogSkipped(int(d["off"]), int(d["end"])),
     "exit": lambda d: ProcExit(int(d["pid"]), str(d.get("name") or "?"), d.get("code"),
                                d.get("signal"), float(d["time"]), bool(d.get("top")),
-                               _int_or_none(d.get("cpid")), d.get("forked") is True),
+                               _int_or_none(d.get("cpid")), d.get("forked") is True,
+                               d.get("parent") if isinstance(d.get("parent"), str) else None),
     "run_exit": lambda d: RunExit(d.get("pid"), d.get("code"), d.get("signal"),
                                   float(d.get("time") or 0.0), d.get("oom_killed") is True,
                                   d.get("container") if isinstance(d.get("container"), str)

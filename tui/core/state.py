@@ -27,6 +27,7 @@ from tui.core.procnames import (
     SGLANG_TITLE,
     is_helper,
     is_server_role,
+    is_shell,
     top_name,
 )
 from tui.core.protocol import Gpus, Health, ProcExit, ProcInfo, Procs, RunExit
@@ -498,9 +499,12 @@ class LaunchMachine:
         failed = (ex.code not in (0, None)) or ex.signal is not None
         server = ex.top or ex.pid == self.top_pid or is_server_role(ex.name)
         # any other process that failed is a death too; one that ended cleanly (or was reaped
-        # before its code could be read, like vLLM's model-inspection subprocess) is not
-        if not server and (not failed or is_helper(ex.name)):
-            if ex.code is None and ex.signal is None and not is_helper(ex.name):
+        # before its code could be read, like vLLM's model-inspection subprocess) is not, nor
+        # a helper, nor a command a shell ran (a script's `readlink` or `grep` fails as part
+        # of its logic: the script's own end says whether it failed)
+        helper = is_helper(ex.name) or (ex.parent is not None and is_shell(ex.parent))
+        if not server and (not failed or helper):
+            if ex.code is None and ex.signal is None and not helper:
                 if len(self.pending_exits) >= _PENDING_MAX:
                     self.pending_exits.pop(next(iter(self.pending_exits)))
                 self.pending_exits[ex.pid] = ex
