@@ -405,6 +405,9 @@ def test_short_lived_grandchild_is_seen_and_its_death_reported(runs) -> None:
     try:
         _, died = agent.next("exit", lambda m: m["name"] == "Worker_TP5")
         assert died["top"] is False
+        assert died["parent"].startswith("python")  # the launcher's child that ran it
+        _, middle = agent.next("exit", lambda m: m["pid"] != died["pid"])
+        assert "parent" not in middle, middle  # a child of the server's own command: no parent
     finally:
         assert agent.close() == 0
 

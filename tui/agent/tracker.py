@@ -248,8 +248,10 @@ class Tracker:
         if proc.inherited is not None:
             event["forked"] = True  # never seen as itself: its name is its parent's
         parent = self.procs.get(proc.ppid)
-        if parent is not None and not proc.top:
-            event["parent"] = parent.name  # a shell's command fails as part of its script
+        if parent is not None and not proc.top and not parent.server:
+            # a shell's command fails as part of its script; a wrapper script's (the server
+            # command's) children are the server itself, so its name is not given
+            event["parent"] = parent.name
         if proc.cpid is not None:
             event["cpid"] = proc.cpid
         return event

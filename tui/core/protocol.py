@@ -137,7 +137,9 @@ class ProcExit:
     # forked and never seen as itself (its parent's command line to the end): its name is
     # its parent's, not its own (a worker's compiler child reaped before its exit was read)
     forked: bool = False
-    parent: str | None = None  # its parent's name, when the agent watched the parent too
+    # its parent's name, when the agent watched the parent and the parent is not the server's
+    # own command (a wrapper script's children are the server)
+    parent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
