@@ -132,10 +132,14 @@ class DeathWatch:
         if self._thread is not None:
             self._thread.join(5)
 
-    def first_death(self, server_only: bool) -> tuple[int, str, float] | None:
-        """(pid, cmdline, time) of the first death, of vLLM's own processes only or of any."""
-        dead = [(t, pid) for pid, t in self.deaths.items()
-                if not server_only or is_server_process(self.names.get(pid, ""))]
+    def first_death(self, server_only: bool, children: frozenset[int] = frozenset()
+                    ) -> tuple[int, str, float] | None:
+        """(pid, cmdline, time) of the first death, of vLLM's own processes only or of any.
+        `children`: pids specconsole's agent saw only under their parent's title (forked, then
+        reaped before their end was read): by their command line here they may look like
+        vLLM's own, but they are their parent's children."""
+        dead = [(t, pid) for pid, t in self.deaths.items() if pid not in children
+                and (not server_only or is_server_process(self.names.get(pid, "")))]
         if not dead:
             return None
         t, pid = min(dead)

@@ -473,17 +473,20 @@ class LaunchMachine:
         sample = self.serving.feed_metrics(text, at)
         return [] if sample is None else [ServingSeen(sample)]
 
+    def exit_name(self, ex: ProcExit) -> str:
+        """The name of a process that ended: see name_of; one forked under its parent's title
+        that ended before it was seen as itself, with no line of its own, is a child of that
+        process (a compiler a worker ran), not the process itself."""
+        if ex.forked and self.container_pids.get(ex.pid, ex.pid) not in self.log_names:
+            return f"child of {ex.name}"
+        return self.name_of(ex.pid, ex.name)
+
     def feed_exit(self, ex: ProcExit, at: float) -> list[DomainEvent]:
         """A process of the run ended. The first server-process death is the run's death."""
         self.procwatch.ended(ex.pid)
         if ex.cpid is not None:
             self.container_pids[ex.pid] = ex.cpid
-        if ex.forked and self.container_pids.get(ex.pid, ex.pid) not in self.log_names:
-            # its parent's title to the end and no line of its own: a child of that process
-            # (a compiler a worker ran), not the process itself
-            name = f"child of {ex.name}"
-        else:
-            name = self.name_of(ex.pid, ex.name)
+        name = self.exit_name(ex)
         code, sig = _status(ex.code, ex.signal) if ex.code is not None or ex.signal is not None \
             else _status(self.reported_codes.get(name), None)
         ex = replace(ex, name=name, code=code, signal=sig)

@@ -729,8 +729,8 @@ class Supervisor:
             self._emit(m.feed_exit(event, now))
             code = event.code if event.code is not None or event.signal is not None else \
                 m.reported_codes.get(m.log_names.get(event.pid, event.name))
-            self._emit([ProcEnded(event.pid, m.log_names.get(event.pid, event.name), code,
-                                  event.signal)])
+            name = m.exit_name(event) if event.forked else m.log_names.get(event.pid, event.name)
+            self._emit([ProcEnded(event.pid, name, code, event.signal)])
         elif isinstance(event, Procs):
             m.feed_procs(event, now)
             self._emit([ProcsSeen(event)])
