@@ -16,8 +16,6 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from tui.cli.cluster import check_cluster, kill_cluster, launch_cluster
 from tui.cli.exit_codes import EXIT_ERROR, EXIT_HANGUP, EXIT_PREFLIGHT, EXIT_USAGE
 from tui.cli.follow import OneHost, SeveralHosts, follow
@@ -432,6 +430,7 @@ def _progress(path: Path) -> Iterator[Callable[[int, int], None] | None]:
     if not sys.stderr.isatty():
         yield None
         return
+    from rich.console import Console  # here, not at the top: every command pays for a top import
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
     with Progress("explain", BarColumn(), DownloadColumn(), TimeRemainingColumn(),

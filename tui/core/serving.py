@@ -17,8 +17,6 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
-from prometheus_client.parser import text_string_to_metric_families
-
 KEEP = 30  # samples kept for the sparklines: five minutes at the default 10 s
 LOG_AFTER_METRICS_S = 30.0  # the log line stands in only when /metrics has been quiet this long
 
@@ -68,6 +66,8 @@ _COUNTERS = {  # rate or ratio of counters between two scrapes
 
 def _sums(text: str) -> dict[str, float]:
     """Each sample name's value summed over its label sets (engines, models)."""
+    # imported on the first scrape, not with the module: every CLI command imports this module
+    from prometheus_client.parser import text_string_to_metric_families
     out: dict[str, float] = {}
     peak: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
