@@ -96,12 +96,30 @@ def test_tree_orders_parents_first_and_keeps_the_dead() -> None:
     rows = tree.rows({10: "APIServer", 20: "EngineCore_DP0", 30: "Worker_TP0"})
     assert [(r.depth, r.pid, r.name) for r in rows] == [
         (0, 10, "APIServer"), (1, 20, "EngineCore_DP0"), (2, 30, "Worker_TP0"),
-        (2, 31, "VLLM::Worker")]
+        (2, 31, "Worker_TP1")]  # named as its end was told
     assert rows[2].gpu_mem == 7 * 2**30 and rows[2].alive
     assert not rows[3].alive and rows[3].exit == "exit 1" and rows[3].state == "dead"
     # a later snapshot that still lists it alive-false does not lose its code
     tree.update(Procs(2.0, (proc(31, 20, "VLLM::Worker", alive=False),)))
     assert tree.rows()[3].exit == "exit 1"
+
+
+def test_a_forked_child_that_ended_is_its_parents_child_not_its_parent() -> None:
+    """A worker's child adopted before its exec carries the worker's title (and the log's
+    name for the worker's pid is no help): once its end is told as `child of …`, the pane
+    says so; ended cleanly it leaves like any helper, killed it stays as news."""
+    tree = ProcTree()
+    tree.update(Procs(1.0, (proc(20, 1, "VLLM::EngineCor"), proc(30, 20, "VLLM::Worker"),
+                            proc(50, 30, "VLLM::Worker"), proc(51, 30, "VLLM::Worker"))))
+    names = {20: "EngineCore_DP0", 30: "Worker_TP0", 50: "Worker_TP0", 51: "Worker_TP0"}
+    assert [r.name for r in tree.rows(names)] == ["EngineCore_DP0", "Worker_TP0",
+                                                  "Worker_TP0", "Worker_TP0"]
+    tree.ended(50, "child of Worker_TP0", None, None)
+    tree.ended(51, "child of Worker_TP0", None, 9)
+    rows = tree.rows(names)
+    assert [(r.pid, r.name, r.exit) for r in rows] == [
+        (20, "EngineCore_DP0", None), (30, "Worker_TP0", None),
+        (51, "child of Worker_TP0", "signal 9")]
 
 
 @pytest.mark.parametrize(("code", "signal", "shown"), [

@@ -150,6 +150,11 @@ def test_a_forked_child_under_its_parents_title_is_not_that_process() -> None:
                          T0 + 9)
     death = next(e for e in killed if isinstance(e, Died)).death
     assert (death.process, death.pid, death.signal) == ("child of Worker_TP3", 502, 9)
+    # the process pane and the supervisor's ProcEnded tell each end the same way
+    assert m.ended_as(ProcExit(500, "Worker_TP3", None, None, T0 + 8, False, forked=True)
+                      ).name == "child of Worker_TP3"
+    assert m.ended_as(ProcExit(503, "Worker_TP3", -9, None, T0 + 9, False)
+                      ) == ProcExit(503, "Worker_TP3", None, 9, T0 + 9, False)
 
 
 def test_a_forked_process_the_log_speaks_for_is_itself() -> None:

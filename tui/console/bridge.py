@@ -201,8 +201,7 @@ class Bridge:
         batch.procs = True
 
     def _on_proc_ended(self, event: ProcEnded, batch: _Batch) -> None:
-        self.procs.ended(event.pid, self.sup.machine.name_of(event.pid, event.name),
-                         event.code, event.signal)
+        self.procs.ended(event.pid, event.name, event.code, event.signal)
         batch.procs = True
 
     def _on_gpus_seen(self, event: GpusSeen, batch: _Batch) -> None:

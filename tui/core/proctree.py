@@ -34,6 +34,7 @@ class ProcRow:
 class _Known:
     info: ProcInfo
     exit: str | None = None
+    ended_as: str | None = None  # the run's name for it once it ended (a forked child's own)
 
 
 class ProcTree:
@@ -62,6 +63,7 @@ class ProcTree:
                 ProcInfo(pid, None, name, name, None, None, None, None, False))
         known.info = ProcInfo(pid, known.info.ppid, known.info.name, known.info.cmd, "dead",
                               None, None, known.info.started, False, known.info.cpid)
+        known.ended_as = name
         if known.exit in (None, "exit ?"):
             known.exit = how
 
@@ -76,8 +78,8 @@ class ProcTree:
     def rows(self, names: Mapping[int, str] | None = None,
              held: Mapping[int, float] | None = None) -> tuple[ProcRow, ...]:
         """Tree order (parent before children, children by pid); `names` are vLLM's own names
-        from the log prefixes, preferred to the kernel's; `held`: seconds a process has been
-        stopped or in uninterruptible sleep (tui.core.stall)."""
+        from the log prefixes, preferred to the kernel's for a live process; `held`: seconds a
+        process has been stopped or in uninterruptible sleep (tui.core.stall)."""
         names, held = names or {}, held or {}
         children: dict[int | None, list[int]] = {}
         for pid, known in self._procs.items():
@@ -87,7 +89,9 @@ class ProcTree:
 
         def walk(pid: int, depth: int) -> None:
             info, dead = self._procs[pid].info, self._procs[pid].exit
-            name = names.get(pid, info.name)
+            # a dead process is named as its end was told: a child forked under a worker's
+            # title is that worker's child, not the worker its title and `names` say
+            name = self._procs[pid].ended_as or names.get(pid, info.name)
             if (not info.alive and dead in ("exit 0", "exit ?") and not children.get(pid)
                     and not is_server_role(name)):
                 return  # a helper that came and went (compiler, inspection): not news

@@ -473,26 +473,28 @@ class LaunchMachine:
         sample = self.serving.feed_metrics(text, at)
         return [] if sample is None else [ServingSeen(sample)]
 
-    def exit_name(self, ex: ProcExit) -> str:
-        """The name of a process that ended: see name_of; one forked under its parent's title
-        that ended before it was seen as itself, with no line of its own, is a child of that
-        process (a compiler a worker ran), not the process itself."""
+    def ended_as(self, ex: ProcExit) -> ProcExit:
+        """An ended process as the run tells it: the engine's name (see name_of), and the code
+        its parent reported when the agent could not read one. One forked under its parent's
+        title that ended before it was seen as itself, with no line of its own, is a child of
+        that process (a compiler a worker ran), not the process itself."""
+        if ex.cpid is not None:
+            self.container_pids[ex.pid] = ex.cpid
         if ex.forked and self.container_pids.get(ex.pid, ex.pid) not in self.log_names:
-            return f"child of {ex.name}"
-        return self.name_of(ex.pid, ex.name)
+            name = f"child of {ex.name}"
+        else:
+            name = self.name_of(ex.pid, ex.name)
+        code, sig = _status(ex.code, ex.signal) if ex.code is not None or ex.signal is not None \
+            else _status(self.reported_codes.get(name), None)
+        return replace(ex, name=name, code=code, signal=sig)
 
     def feed_exit(self, ex: ProcExit, at: float) -> list[DomainEvent]:
         """A process of the run ended. The first server-process death is the run's death."""
         self.procwatch.ended(ex.pid)
-        if ex.cpid is not None:
-            self.container_pids[ex.pid] = ex.cpid
-        name = self.exit_name(ex)
-        code, sig = _status(ex.code, ex.signal) if ex.code is not None or ex.signal is not None \
-            else _status(self.reported_codes.get(name), None)
-        ex = replace(ex, name=name, code=code, signal=sig)
+        ex = self.ended_as(ex)
         if self.death is not None and abs(ex.time - self.death.at) <= TOGETHER_S \
-                and is_server_role(name) and len(self.died_with) < _PENDING_MAX:
-            self.died_with[name] = ex.pid
+                and is_server_role(ex.name) and len(self.died_with) < _PENDING_MAX:
+            self.died_with[ex.name] = ex.pid
             death = self._vllms_account(self.death)
             if death != self.death:
                 self.death = death

@@ -162,7 +162,8 @@ class GpusSeen:
 
 @dataclass(frozen=True, slots=True)
 class ProcEnded:
-    """A process of the run ended (any of them, helpers too), named as vLLM names it."""
+    """A process of the run ended (any of them, helpers too), as the run tells it
+    (LaunchMachine.ended_as: vLLM's name, a forked child as its parent's child)."""
 
     pid: int
     name: str
@@ -727,10 +728,8 @@ class Supervisor:
             self._emit([event])
         elif isinstance(event, ProcExit):
             self._emit(m.feed_exit(event, now))
-            code = event.code if event.code is not None or event.signal is not None else \
-                m.reported_codes.get(m.log_names.get(event.pid, event.name))
-            name = m.exit_name(event) if event.forked else m.log_names.get(event.pid, event.name)
-            self._emit([ProcEnded(event.pid, name, code, event.signal)])
+            ended = m.ended_as(event)
+            self._emit([ProcEnded(ended.pid, ended.name, ended.code, ended.signal)])
         elif isinstance(event, Procs):
             m.feed_procs(event, now)
             self._emit([ProcsSeen(event)])
