@@ -60,7 +60,7 @@ from tui.core.state import (
     Stalled,
 )
 from tui.supervise.group import ClusterRun, Joined, MemberEvent, RunDied
-from tui.supervise.supervisor import ProcEnded, ProcsSeen, StacksTaken, Supervisor
+from tui.supervise.supervisor import ProcsSeen, StacksTaken, Supervisor
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(400)]
 
@@ -378,8 +378,7 @@ async def _story(w: Watched, figures: dict[str, Any], key: str, patched: Path, l
             await asyncio.sleep(0.2)
     finally:
         watch.stop()
-    children = frozenset(e.pid for e in w.of(ProcEnded) if e.name.startswith("child of "))
-    first = watch.first_death(server_only, children)
+    first = watch.first_death(server_only)
     assert first is not None, watch.deaths
     pid, cmdline, first_at = first
     figures[f"{key}: launch to DEAD (s)"] = round(died.death.since_launch, 1)

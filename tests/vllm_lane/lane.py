@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 from containers.setup_docker import IMAGE
 from helpers import carriers, free_port
 
@@ -118,7 +119,9 @@ class DeathWatch:
 
     run_id: str
     deaths: dict[int, float] = field(default_factory=dict)
-    names: dict[int, str] = field(default_factory=dict)
+    names: dict[int, str] = field(default_factory=dict)  # its last command line seen
+    titles: dict[int, set[str]] = field(default_factory=dict)  # every command line seen
+    parents: dict[int, int] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -132,18 +135,32 @@ class DeathWatch:
         if self._thread is not None:
             self._thread.join(5)
 
-    def first_death(self, server_only: bool, children: frozenset[int] = frozenset()
-                    ) -> tuple[int, str, float] | None:
+    def first_death(self, server_only: bool) -> tuple[int, str, float] | None:
         """(pid, cmdline, time) of the first death, of vLLM's own processes only or of any.
-        `children`: pids specconsole's agent saw only under their parent's title (forked, then
-        reaped before their end was read): by their command line here they may look like
-        vLLM's own, but they are their parent's children."""
-        dead = [(t, pid) for pid, t in self.deaths.items() if pid not in children
-                and (not server_only or is_server_process(self.names.get(pid, "")))]
+        A process last seen under a command line its parent had (forked, gone before its exec
+        or its own title) is its parent's child, whatever that command line says."""
+        dead = [(t, pid) for pid, t in self.deaths.items()
+                if not server_only or (is_server_process(self.names.get(pid, ""))
+                                       and not self._inherited(pid))]
         if not dead:
             return None
         t, pid = min(dead)
         return pid, self.names.get(pid, ""), t
+
+    def _inherited(self, pid: int) -> bool:
+        return self.names.get(pid) in self.titles.get(self.parents.get(pid, 0), set())
+
+    def _see(self, pid: int) -> None:
+        """Its command line now (titles change: spawn_main -> VLLM::EngineCore), and its
+        parent's at first sight."""
+        if pid not in self.parents:
+            with contextlib.suppress(psutil.Error):
+                self.parents[pid] = psutil.Process(pid).ppid()
+            parent = self.parents.get(pid)
+            if parent is not None and parent not in self.deaths:
+                self.titles.setdefault(parent, set()).add(_cmdline(parent))
+        self.names[pid] = _cmdline(pid) or self.names.get(pid, "")
+        self.titles.setdefault(pid, set()).add(self.names[pid])
 
     def _loop(self) -> None:
         poller = select.poll()
@@ -155,8 +172,8 @@ class DeathWatch:
                         with contextlib.suppress(OSError):
                             fds[pid] = os.pidfd_open(pid)
                             poller.register(fds[pid], select.POLLIN)
-                    if pid in fds:  # titles change (spawn_main -> VLLM::EngineCore)
-                        self.names[pid] = _cmdline(pid) or self.names.get(pid, "")
+                    if pid in fds:
+                        self._see(pid)
                 for fd, _ in poller.poll(50):
                     now = time.time()
                     pid = next(p for p, f in fds.items() if f == fd)
