@@ -131,6 +131,10 @@ def explanation_lines(ex: Explanation, indent: str = "") -> list[str]:
         out.append(f"runner-up:     {second.line}")
         if second.reasons:
             out.append(f"{'':15}(considered: {'; '.join(second.reasons)})")
+    if ex.requests_failed:
+        serving = " while the server went on serving" if ex.outcome == "ready" else ""
+        out.append(f"requests:      {ex.requests_failed} failed{serving}; the first: "
+                   f"{ex.first_failed_request}")
     out += [f"symptom:       {symptom}" for symptom in ex.symptoms]
     stated = ([cause.line] if cause is not None and not cause.missing else [])
     said = next(filter(None, map(exit_signal, stated + list(ex.symptoms))), None)

@@ -34,7 +34,16 @@ from tui.core.failures import FailureClass, classify, fatal_statement, states_ca
 from tui.core.logline import LogLine
 from tui.core.noise import NoiseFilter
 from tui.core.procnames import untitled
-from tui.core.ranking import SURVIVED_WORDS, Facts, Ranker, reasons, shape, shipped, tier
+from tui.core.ranking import (
+    BEFORE_READY_WORDS,
+    SURVIVED_WORDS,
+    Facts,
+    Ranker,
+    reasons,
+    shape,
+    shipped,
+    tier,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +66,7 @@ class RootCause:
     reasons: tuple[str, ...] = ()  # why the ranking considered it, in words
     elsewhere: bool = False  # it reports a failure elsewhere (the ranking's second tier)
     survived: bool = False  # a good launch of the profile logged it too (second tier as well)
+    before_ready: bool = False  # logged before this launch's READY, which it survived (likewise)
 
 
 # Lines that report a failure somewhere else: never the cause (vllm-reference.md section 2).
@@ -141,6 +151,16 @@ _PYDANTIC_LINK = "For further information visit"
 # The engines' own code, for the deepest frame worth naming.
 _ENGINE_PATH_RE = re.compile(r"/(vllm|sglang|vllm_ascend)/(.+)$")
 
+# A request's failure while serving: a traceback through the HTTP request cycle (uvicorn's,
+# the engines' OpenAI handlers, a tool-call parser), or under uvicorn's `Exception in ASGI
+# application`. The server answers that request with an error and goes on: no crash, unless a
+# process died or the engine says it is dead (a symptom). Start-up tracebacks pass through
+# uvicorn's lifespan and the API server's run_server, never these.
+_REQUEST_FRAME_RE = re.compile(
+    r"/uvicorn/protocols/http/|/entrypoints/openai/serving_\w+\.py|/openai_api/adapter\.py"
+    r"|/(?:tool_parsers?|function_call|reasoning)/\w+\.py")
+_REQUEST_HEADER_RE = re.compile(r"Exception in ASGI application")
+
 _IN_FRAMES, _AFTER_EXCEPTION = 0, 1
 # The earliest errors are the ones that matter; a server failing every request for days must not
 # grow the tracker without bound.
@@ -151,7 +171,7 @@ class _Trace:
     """A traceback being assembled for one process."""
 
     __slots__ = ("after_frame", "candidate", "dedented", "frames", "level", "lines", "offset",
-                 "pid", "preface", "proc", "state")
+                 "pid", "preface", "proc", "request", "state")
 
     def __init__(self, proc: str | None, pid: int | None, first: str, offset: int,
                  level: str | None) -> None:
@@ -166,6 +186,12 @@ class _Trace:
         self.dedented = False  # pasted without indentation: frames and source at column 0
         self.candidate: _Candidate | None = None
         self.preface: _Candidate | None = None  # the words that headed it (see _start)
+        self.request = False  # headed by uvicorn's `Exception in ASGI application`
+
+    def of_a_request(self, ready_at: int) -> bool:
+        """A request's failure while serving (see _REQUEST_FRAME_RE), not the server's."""
+        return 0 <= ready_at < self.offset and (
+            self.request or any(_REQUEST_FRAME_RE.search(f[0]) for f in self.frames))
 
 
 class _Candidate:
@@ -189,10 +215,12 @@ class _Candidate:
             return self.line
         return f"{self.line} — {' '.join(self.more)}"
 
-    def facts(self, survived: frozenset[str] = frozenset()) -> Facts:
+    def facts(self, survived: frozenset[str] = frozenset(), ready_at: int = -1) -> Facts:
+        """`ready_at`: where the launch first showed READY (-1: not yet)."""
         text = self.text()
         return Facts(text, self.level, self.traceback_end, self.weak, self.elsewhere,
-                     bool(self.more), bool(survived) and shape(text) in survived)
+                     bool(self.more), bool(survived) and shape(text) in survived,
+                     0 <= ready_at and self.offset < ready_at)
 
 
 class _Cut:
@@ -247,6 +275,12 @@ class RootCauseTracker:
         # shapes (tui.core.ranking.shape) of errors that launches of this profile logged and
         # survived to READY: never the cause while another is known
         self.survived: frozenset[str] = frozenset()
+        # where this launch first showed READY (the diagnosis says): what it logged before and
+        # survived is never the cause of a later death while another is known
+        self.ready_at = -1
+        # requests that failed while serving (see _REQUEST_FRAME_RE): how many, the first one
+        self.requests_failed = 0
+        self.first_request_failure: str | None = None
 
     @property
     def symptoms(self) -> tuple[str, ...]:
@@ -285,16 +319,22 @@ class RootCauseTracker:
         if not cands:
             return []
         ranker = ranker or shipped()
-        facts = [c.facts(self.survived) for c in cands]
+        facts = self.facts(cands)
         out = []
         for score, i, feats in ranker.order(facts)[:limit]:
-            c = cands[i]
+            c, fact = cands[i], facts[i]
             text = c.text()
-            why = [SURVIVED_WORDS] if facts[i].survived else reasons(ranker, feats)
+            why = ([SURVIVED_WORDS] if fact.survived else [BEFORE_READY_WORDS]
+                   if fact.before_ready else reasons(ranker, feats))
             out.append(RootCause(text, c.proc, c.pid, c.offset, self.symptoms, tuple(c.trace),
                                  kind=classify(text), score=score, reasons=tuple(why),
-                                 elsewhere=bool(tier(facts[i])), survived=facts[i].survived))
+                                 elsewhere=tier(fact) % 2 == 1, survived=fact.survived,
+                                 before_ready=fact.before_ready))
         return out
+
+    def facts(self, cands: Sequence[_Candidate]) -> list[Facts]:
+        """What the ranking knows of each candidate (the profile's survived shapes, READY)."""
+        return [c.facts(self.survived, self.ready_at) for c in cands]
 
     def shapes(self) -> list[str]:
         """The shapes of every candidate so far (at READY: what this launch survived)."""
@@ -421,7 +461,8 @@ class RootCauseTracker:
         """Where the first sign of a failure after `offset` began (-1: none)."""
         at = [o for o in self._failure_offsets if o > offset]
         at += [t.offset for t in self._open.values() if t.state == _IN_FRAMES and t.frames
-               and t.offset > offset and t.level != "WARNING"]
+               and t.offset > offset and t.level != "WARNING"
+               and not t.of_a_request(self.ready_at)]
         return min(at, default=-1)
 
     def _failed_at(self, offset: int) -> None:
@@ -432,8 +473,8 @@ class RootCauseTracker:
         """Where the last sign of a failure began: an exception, a traceback cut before its
         exception line, or one still open without it (the log may end there)."""
         open_at = max((t.offset for t in self._open.values()
-                       if t.state == _IN_FRAMES and t.frames and t.level != "WARNING"),
-                      default=-1)
+                       if t.state == _IN_FRAMES and t.frames and t.level != "WARNING"
+                       and not t.of_a_request(self.ready_at)), default=-1)
         return max(self.last_exception_offset, self.last_cut_offset, open_at)
 
     # -- tracebacks -------------------------------------------------------------------------
@@ -445,6 +486,9 @@ class RootCauseTracker:
         trace = self._open[key] = _Trace(proc, line.pid, msg, line.offset, line.level)
         head = msg[:-len(_TB_START)].removesuffix("Traceback").rstrip(" ,:")
         preface = self._preface.pop(key, None)
+        if preface is not None and _REQUEST_HEADER_RE.search(preface.message) is not None:
+            trace.request = True  # uvicorn's header names no reason: the traceback does
+            return trace
         if head and (_ERROR_EXCEPTION_RE.search(head) is not None
                      or states_cause(head, "ERROR")):
             # `Exception in worker X while processing method Y: <why>, Traceback (...)`
@@ -456,6 +500,11 @@ class RootCauseTracker:
         return trace
 
     def _cut(self, trace: _Trace) -> None:
+        if trace.of_a_request(self.ready_at):
+            self._request_failed(f"a traceback cut before its exception line, in "
+                                 f"{_Cut(trace).deepest()}")
+            trace.frames = []
+            return
         if len(self._cuts) < _MAX_CANDIDATES:
             self._cuts.append(_Cut(trace))
             if trace.level != "WARNING":
@@ -524,6 +573,11 @@ class RootCauseTracker:
         if _CONSEQUENCE_RE.match(msg) is not None:
             return
         text = msg.strip()
+        if trace.of_a_request(self.ready_at):
+            self._request_failed(text)
+            trace.candidate = _Candidate(text, trace.proc, trace.pid, line.offset, trace.lines,
+                                         line.level)  # its message's lines, never a cause
+            return
         name = text.split(":", 1)[0]
         if (name.endswith(_SYNTAX_ERRORS) and trace.frames
                 and _HAS_LOCATION_RE.search(text) is None):
@@ -533,6 +587,11 @@ class RootCauseTracker:
                                           evidence=trace.level != "WARNING")
         if trace.candidate is not None:
             trace.candidate.traceback_end = True
+
+    def _request_failed(self, text: str) -> None:
+        self.requests_failed += 1
+        if self.first_request_failure is None:
+            self.first_request_failure = text
 
     # -- candidates and symptoms ------------------------------------------------------------
 
