@@ -172,3 +172,43 @@ def test_a_start_up_traceback_through_the_api_server_is_no_request() -> None:
     assert ex.outcome == "crashed" and ex.root_cause is not None
     assert ex.root_cause.line.startswith("json.decoder.JSONDecodeError")
     assert ex.requests_failed == 0
+
+
+# -- a process ended by a signal --------------------------------------------------------------
+
+EXECUTOR_FAILED = [
+    core("Worker proc VllmWorker-1 died unexpectedly (exit code: -9), shutting down executor.",
+         src="multiproc_executor.py:150"),
+    core("EngineCore encountered a fatal error."),
+    core("Traceback (most recent call last):"),
+    core('  File "/venv/lib/python3.12/site-packages/vllm/v1/engine/core.py", line 728, in '
+         "run_busy_loop"),
+    core('  File "/venv/lib/python3.12/site-packages/vllm/v1/executor/multiproc_executor.py", '
+         "line 240, in collective_rpc"),
+    core("RuntimeError: Executor failed."),
+    *DEATH[7:],
+]
+
+
+def test_a_worker_killed_while_serving_is_explained_as_the_signal() -> None:
+    """vLLM's engine core raises `Executor failed.` because its worker died; the worker, ended
+    by SIGKILL, wrote nothing: the signal is the cause, with who could have sent it."""
+    ex = explain([*START, *SERVING, *EXECUTOR_FAILED])
+    assert ex.outcome == "crashed" and ex.root_cause is not None
+    cause = ex.root_cause
+    assert cause.signal == "SIGKILL" and cause.kind is by_id("killed")
+    assert cause.process == "VllmWorker-1" and "Executor failed" not in cause.line
+    assert "OOM killer" in cause.line
+    text = "\n".join(explanation_lines(ex))
+    assert "root cause:    VllmWorker-1 was ended by SIGKILL, killed from outside" in text
+    assert "RuntimeError: Executor failed." in ex.symptoms
+
+
+def test_a_worker_that_died_of_its_own_error_is_explained_by_it() -> None:
+    """Exit code 1 is no signal: the worker's own traceback is the cause, as before."""
+    own = [f"(VllmWorker-1 pid=412) ERROR 06-01 10:12:40 [multiproc_executor.py:600] {IMA}",
+           *EXECUTOR_FAILED]
+    own[1] = own[1].replace("exit code: -9", "exit code: 1")
+    ex = explain([*START, *SERVING, *own])
+    assert ex.root_cause is not None and ex.root_cause.line == IMA
+    assert ex.root_cause.signal is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tui.core.describe import death_lines
 from tui.core.noise import NoiseFilter, builtin_rules
 from tui.core.phases import Phase
 from tui.core.protocol import GpuInfo, Gpus, Health, ProcExit, ProcInfo, Procs, RunExit
@@ -370,3 +371,24 @@ def test_wait_timeout_in_its_place_counts_from_when_watching_began() -> None:
     assert m.tick(T0 + 109) == []
     timed_out = m.tick(T0 + 110)
     assert [e.limit.name for e in timed_out if isinstance(e, ReadyTimedOut)] == ["--timeout"]
+
+
+def test_a_worker_killed_while_serving_is_not_explained_by_its_survivors_errors() -> None:
+    """The agent saw the worker end by SIGKILL; the engine core's `Executor failed.` and a
+    peer's broken pipe are what its death did to them: no cause of its own, so the death says
+    the signal (tui.core.describe), as `explain` does from the log (issue 33)."""
+    m = _machine()
+    _feed(m, STORY[:2], T0 + 1)
+    m.feed_health(Health(True, "/v1/models", 200, T0 + 29), T0 + 29)
+    m.feed_health(Health(True, "/health", 200, T0 + 30), T0 + 30)
+    core = "(EngineCore_DP0 pid=200) ERROR 06-01 10:12:41 [core.py:710] "
+    _feed(m, [f"{core}EngineCore encountered a fatal error.",
+              f"{core}Traceback (most recent call last):",
+              f'{core}  File "/v/vllm/v1/executor/multiproc_executor.py", line 240, in rpc',
+              f"{core}RuntimeError: Executor failed.",
+              "(VllmWorker-2 pid=304) ERROR 06-01 10:12:41 [multiproc_executor.py:610] "
+              "BrokenPipeError: [Errno 32] Broken pipe"], T0 + 3600)
+    events = m.feed_exit(ProcExit(303, "VllmWorker-1", None, 9, T0 + 3600, False), T0 + 3600)
+    death = next(e for e in events if isinstance(e, Died)).death
+    assert death.signal == 9 and death.cause is None
+    assert death_lines(death)[1].startswith("root cause: killed by SIGKILL from outside")

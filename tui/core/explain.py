@@ -114,7 +114,9 @@ def explanation_lines(ex: Explanation, indent: str = "") -> list[str]:
             "root cause" if ex.outcome == "crashed" else "last error")
         if cause.process:
             out.append(f"process:       {cause.process}")
-        if cause.missing:
+        if cause.signal is not None:  # ended by a signal, no error of its own to name
+            out.append(f"{label + ':':<15}{cause.line}")
+        elif cause.missing:
             out.append(f"{label + ':':<15}(not in the log: the traceback was cut before its "
                        "exception line)")
             if cause.deepest_frame:

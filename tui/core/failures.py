@@ -300,18 +300,31 @@ _SIGNAL_WORDS = {
 }
 
 
+def signal_of(code: int) -> signal.Signals | None:
+    """The signal an exit status means: -N (Python's subprocess and multiprocessing) or 128+N
+    (a shell, a container runtime); None for a plain exit."""
+    number = -code if code < 0 else code - 128 if 128 < code < 160 else 0
+    try:
+        return signal.Signals(number)
+    except ValueError:
+        return None
+
+
+def signal_words(sig: signal.Signals) -> str:
+    """`SIGKILL, killed from outside (...)`: the signal and who could have sent it."""
+    words = _SIGNAL_WORDS.get(sig)
+    return sig.name + (f", {words}" if words else "")
+
+
 def exit_signal(text: str) -> str | None:
     """An exit status in `text` that means a signal, in words: `exit code 135 = 128+7: SIGBUS,
     a bus error (...)`, `exit code -9: SIGKILL, ...`; None when there is none (or a plain
     failure, such as exit code 1)."""
     for m in _EXIT_STATUS_RE.finditer(text[:_READ]):
         code = int(m.group(1))
-        number = -code if code < 0 else code - 128 if 128 < code < 160 else 0
-        try:
-            sig = signal.Signals(number)
-        except ValueError:
+        sig = signal_of(code)
+        if sig is None:
             continue
-        how = "" if code < 0 else f" = 128+{number}"
-        words = _SIGNAL_WORDS.get(sig)
-        return f"exit code {code}{how}: {sig.name}" + (f", {words}" if words else "")
+        how = "" if code < 0 else f" = 128+{sig.value}"
+        return f"exit code {code}{how}: {signal_words(sig)}"
     return None

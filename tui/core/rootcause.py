@@ -27,10 +27,19 @@ launcher's "Received sigquit from a child process" is a symptom, and may come fi
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from tui.core.failures import FailureClass, classify, fatal_statement, states_cause
+from tui.core.failures import (
+    FailureClass,
+    by_id,
+    classify,
+    fatal_statement,
+    signal_of,
+    signal_words,
+    states_cause,
+)
 from tui.core.logline import LogLine
 from tui.core.noise import NoiseFilter
 from tui.core.procnames import untitled
@@ -67,6 +76,7 @@ class RootCause:
     elsewhere: bool = False  # it reports a failure elsewhere (the ranking's second tier)
     survived: bool = False  # a good launch of the profile logged it too (second tier as well)
     before_ready: bool = False  # logged before this launch's READY, which it survived (likewise)
+    signal: str | None = None  # a process ended by this signal with no error of its own: `line`
 
 
 # Lines that report a failure somewhere else: never the cause (vllm-reference.md section 2).
@@ -100,7 +110,20 @@ _SYMPTOM_RE = re.compile(
     # a launcher's or a test harness's view of its child's end (SGLang's popen_launch_server)
     r"|[Pp]rocess (?:\S+ )?exited with (?:exit )?code -?\d+"
     r"|MQLLMEngine is already dead|failed to be inspected\. Please check the logs"
+    # vLLM v1/executor/multiproc_executor.py collective_rpc and v1/engine/core.py: the
+    # executor's failure callback fired (a worker died): raised in the engine core
+    r"|Executor failed\."
 )
+# A process's death reported with its exit status (vLLM's executor monitor, the engine-core
+# handshake, a launcher): its name and the status, -N or 128+N when a signal ended it.
+_REPORTED_DEATH_RE = re.compile(
+    r"Worker proc (?P<worker>\S+) died unexpectedly \(exit code: (?P<wcode>-?\d+)\)"
+    r"|Failed core proc\(s\): \{'(?P<core>[^']+)': (?P<ccode>-?\d+)"
+    r"|(?P<proc>\w[\w-]*) process (?:\(pid \d+\) )?exited with (?:exit )?code (?P<pcode>-?\d+)")
+# Signals that end a process in native code: its own last words are unprefixed native lines
+# (faulthandler's fatal error, a signal handler's report), never a traceback of its own.
+_NATIVE_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE,
+                             signal.SIGILL})
 # An orderly shutdown someone asked for (SIGTERM, `specconsole kill`): the "Parent process
 # exited, terminating worker queues" that follows (INFO in vLLM 0.32) is its consequence, not a
 # failure. After the engine died, vLLM's own "shutdown triggered" comes after its symptoms.
@@ -220,7 +243,7 @@ class _Candidate:
         text = self.text()
         return Facts(text, self.level, self.traceback_end, self.weak, self.elsewhere,
                      bool(self.more), bool(survived) and shape(text) in survived,
-                     0 <= ready_at and self.offset < ready_at)
+                     ready_at >= 0 and self.offset < ready_at)
 
 
 class _Cut:
@@ -262,6 +285,9 @@ class RootCauseTracker:
         self._cuts: list[_Cut] = []
         self._symptoms: dict[str, None] = {}
         self._death: tuple[int, str] | None = None
+        self._death_signal: signal.Signals | None = None
+        # the first death the log itself reports with its status (name, signal or None, where)
+        self._reported: tuple[str, signal.Signals | None, int] | None = None
         self._process_header: str | None = None
         # the last ERROR record of each process, while it may head a traceback that follows
         self._preface: dict[object, LogLine] = {}
@@ -286,17 +312,43 @@ class RootCauseTracker:
     def symptoms(self) -> tuple[str, ...]:
         return tuple(self._symptoms)
 
-    def note_death(self, pid: int, name: str) -> None:
-        """Only the first death counts: later ones are consequences."""
+    def note_death(self, pid: int, name: str, sig: int | None = None) -> None:
+        """Only the first death counts: later ones are consequences. `sig`: the signal that
+        ended it (the agent saw it): with no error of its own, its survivors' errors are its
+        consequences, not its cause."""
         if self._death is None:
             self._death = (pid, name)
+            self._death_signal = signal_of(-sig) if sig else None
 
     def cause(self, ranker: Ranker | None = None) -> RootCause | None:
         """The best cause known now: a real exception or stated failure, the best ranked
         (`ranker`: the shipped one unless given); else, when a traceback was cut
         before its exception line, that (`missing`); else None."""
         ranked = self.ranked(ranker, 1)
-        return ranked[0] if ranked else self._missing()
+        if self._death is None and self._reported is not None and (
+                not ranked or ranked[0].elsewhere or ranked[0].before_ready
+                or ranked[0].survived):
+            signalled = self._signalled()
+            if signalled is not None:
+                return signalled
+        if ranked:
+            return ranked[0]
+        if self._death is not None and self._death_signal is not None:
+            return None  # no error of its own: the signal is the answer (the death says it)
+        return self._missing()
+
+    def _signalled(self) -> RootCause | None:
+        """The first death the log reports, when a signal ended it and nothing after it is an
+        error of its own: that signal, with who could have sent it."""
+        assert self._reported is not None
+        name, sig, offset = self._reported
+        if sig is None:
+            return None
+        line = f"{name} was ended by {signal_words(sig)}; no error of its own in the log"
+        kind = by_id("native_crash") if sig in _NATIVE_SIGNALS else (
+            by_id("killed") if sig == signal.SIGKILL else None)
+        return RootCause(line, name, None, offset, self.symptoms, missing=True, kind=kind,
+                         signal=sig.name)
 
     def candidates(self) -> list[_Candidate]:
         """The candidates the ranking chooses from, in the log's order: none dropped, and
@@ -308,8 +360,15 @@ class RootCauseTracker:
         if self._death is not None and cands:
             pid, name = self._death
             short = untitled(name)
-            cands = ([c for c in cands if c.pid == pid]
-                     or [c for c in cands if c.proc is not None and c.proc == short] or cands)
+            own = ([c for c in cands if c.pid == pid]
+                   or [c for c in cands if c.proc is not None and c.proc == short])
+            if own or self._death_signal is None:
+                return own or cands
+            # ended by a signal with no error of its own: the others' errors are what its
+            # death did to them; a native crash's own words are unprefixed native lines
+            return ([c for c in cands if c.pid is None and c.proc is None
+                     and fatal_statement(c.line)]
+                    if self._death_signal in _NATIVE_SIGNALS else [])
         return cands
 
     def ranked(self, ranker: Ranker | None = None, limit: int | None = None) -> list[RootCause]:
@@ -622,6 +681,12 @@ class RootCauseTracker:
             return False
         if self._stopping:
             return True  # a consequence of the shutdown: neither cause nor symptom
+        if self._reported is None and ("code" in msg or "core proc" in msg):
+            m = _REPORTED_DEATH_RE.search(msg)
+            if m is not None:
+                code = int(m["wcode"] or m["ccode"] or m["pcode"])
+                self._reported = (m["worker"] or m["core"] or m["proc"], signal_of(code),
+                                  line.offset)
         self._symptoms[msg.strip()] = None
         self.last_symptom_offset = line.offset
         self._failed_at(line.offset)
