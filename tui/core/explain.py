@@ -123,6 +123,8 @@ def explanation_lines(ex: Explanation, indent: str = "") -> list[str]:
                 out.append(f"deepest frame: {cause.deepest_frame}")
         else:
             out.append(f"{label + ':':<15}{cause.line}")
+            if cause.deepest_frame:  # faulthandler's stack under a fatal error: where
+                out.append(f"where:         {cause.deepest_frame}")
             if ex.runner_up is not None and cause.reasons:
                 out.append(f"{'':15}(chosen: {'; '.join(cause.reasons)})")
         if cause.kind is not None:

@@ -140,7 +140,9 @@ _ELSEWHERE_RE = re.compile(
     r"(?:[\w.]+\.)?CalledProcessError\b|RuntimeError: Error raised in subprocess"
     # Ray: an actor died (its own log has the why; the node's OOM killer, a signal), in the
     # exception's name or in Ray's own words with its list of possible reasons
-    r"|(?:ray\.exceptions\.)?(?:ActorDiedError|RayActorError)\b"
+    r"|(?:ray\.exceptions\.)?(?:ActorDiedError|RayActorError|RayTaskError)\b"
+    # Ray's task error names the actor by its repr: the exception it carries follows
+    r"|repr=<[\w.]+ object at 0x"
     r"|[Tt]he actor is dead because|[Tt]he actor died unexpectedly")
 # Headers of a report that follows (a worker's method failed, the model inspection failed):
 # they order the candidates but are the answer only when they carry the reason themselves.
@@ -161,6 +163,13 @@ _NAMED_EXCEPTION_RE = re.compile(
 # An exception named inside an ERROR record that has no traceback.
 _ERROR_EXCEPTION_RE = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b|\bError: |\[Errno \d+\]")
 _FRAME_RE = re.compile(r'\s*File "([^"]+)", line (\d+)(?:, in (\S+))?')
+# faulthandler's frame (no comma before `in`), under `Current thread 0x... (most recent call
+# first):`, after its `Fatal Python error: ...`: where the process was, not a traceback
+_FAULT_FRAME_RE = re.compile(r'\s*File "([^"]+)", line (\d+) in (\S+)\s*$')
+_FAULT_STACK = "(most recent call first):"
+_FAULT_FRAMES_MAX = 64
+# An exception's message: what follows its type (`IndexError: <message>`).
+_MESSAGE_RE = re.compile(r"[\w.]+(?:\([\w.]*\))?: (.{16,})")
 _HAS_LOCATION_RE = re.compile(r"\(\S.*, line \d+\)$")
 _SYNTAX_ERRORS = ("SyntaxError", "IndentationError", "TabError")
 _PROCESS_HEADER_RE = re.compile(r"Process (\S+):$")
@@ -193,8 +202,8 @@ _MAX_CANDIDATES = 256
 class _Trace:
     """A traceback being assembled for one process."""
 
-    __slots__ = ("after_frame", "candidate", "dedented", "frames", "level", "lines", "offset",
-                 "pid", "preface", "proc", "request", "state")
+    __slots__ = ("after_frame", "candidate", "chained", "dedented", "frames", "level", "lines",
+                 "offset", "pid", "preface", "proc", "request", "state")
 
     def __init__(self, proc: str | None, pid: int | None, first: str, offset: int,
                  level: str | None) -> None:
@@ -210,6 +219,7 @@ class _Trace:
         self.candidate: _Candidate | None = None
         self.preface: _Candidate | None = None  # the words that headed it (see _start)
         self.request = False  # headed by uvicorn's `Exception in ASGI application`
+        self.chained = False  # `During handling ...` / `The above exception ...` just read
 
     def of_a_request(self, ready_at: int) -> bool:
         """A request's failure while serving (see _REQUEST_FRAME_RE), not the server's."""
@@ -218,8 +228,8 @@ class _Trace:
 
 
 class _Candidate:
-    __slots__ = ("dropped", "elsewhere", "level", "line", "more", "offset", "pid", "proc",
-                 "trace", "traceback_end", "wants_more", "weak", "wrapper")
+    __slots__ = ("dropped", "elsewhere", "frames", "level", "line", "more", "offset", "pid",
+                 "proc", "trace", "traceback_end", "wants_more", "weak", "wrapper")
 
     def __init__(self, line: str, proc: str | None, pid: int | None, offset: int,
                  trace: list[str], level: str | None) -> None:
@@ -232,16 +242,25 @@ class _Candidate:
         self.dropped = False  # a preface whose traceback ended in a symptom: no cause at all
         self.wants_more = _HEADER_MESSAGE_RE.search(line) is not None
         self.more: list[str] = []
+        # faulthandler's stack of the crashing thread, under a `Fatal Python error` line
+        self.frames: list[tuple[str, str, str]] = []
+
+    def where(self) -> str | None:
+        """The innermost frame of the engine's own code in faulthandler's stack (else its
+        innermost frame): where the process was when it crashed."""
+        return _deepest(self.frames[::-1]) if self.frames else None
 
     def text(self) -> str:
         if not self.more:
             return self.line
         return f"{self.line} — {' '.join(self.more)}"
 
-    def facts(self, survived: frozenset[str] = frozenset(), ready_at: int = -1) -> Facts:
-        """`ready_at`: where the launch first showed READY (-1: not yet)."""
+    def facts(self, survived: frozenset[str] = frozenset(), ready_at: int = -1,
+              rewrap: bool = False) -> Facts:
+        """`ready_at`: where the launch first showed READY (-1: not yet); `rewrap`: it raises
+        another candidate's exception again, with that one's message inside its own."""
         text = self.text()
-        return Facts(text, self.level, self.traceback_end, self.weak, self.elsewhere,
+        return Facts(text, self.level, self.traceback_end, self.weak, self.elsewhere or rewrap,
                      bool(self.more), bool(survived) and shape(text) in survived,
                      ready_at >= 0 and self.offset < ready_at)
 
@@ -257,15 +276,47 @@ class _Cut:
 
     def deepest(self) -> str | None:
         """The innermost frame of the engine's own code (else the innermost frame)."""
-        for path, line, func in reversed(self.frames):
-            m = _ENGINE_PATH_RE.search(path)
-            if m is not None:
-                return f"{m.group(1)}/{m.group(2)}:{line} in {func}" if func else \
-                    f"{m.group(1)}/{m.group(2)}:{line}"
-        if not self.frames:
-            return None
-        path, line, func = self.frames[-1]
-        return f"{path}:{line}" + (f" in {func}" if func else "")
+        return _deepest(self.frames)
+
+
+def _deepest(frames: Sequence[tuple[str, str, str]]) -> str | None:
+    """Of frames listed outermost first: the innermost of the engine's own code, else the
+    innermost, as `vllm/v1/worker/gpu_worker.py:235 in init_device`."""
+    for path, line, func in reversed(frames):
+        m = _ENGINE_PATH_RE.search(path)
+        if m is not None:
+            return f"{m.group(1)}/{m.group(2)}:{line} in {func}" if func else \
+                f"{m.group(1)}/{m.group(2)}:{line}"
+    if not frames:
+        return None
+    path, line, func = frames[-1]
+    return f"{path}:{line}" + (f" in {func}" if func else "")
+
+
+# Candidates compared for re-raised exceptions: the first few (a log's causes come early).
+_REWRAP_SCAN = 64
+
+
+def _rewraps(cands: Sequence[_Candidate]) -> set[int]:
+    """The candidates that raise another's exception again with its message inside theirs,
+    in either order (Ray streams a worker's own lines after its driver's): vLLM's
+    `IndexError: Error in model execution: <the original's message>`, a wrapper's
+    `RuntimeError: Worker failed with error 'IndexError(...)'`. A preface (weak) is no
+    original: it is the record `logger.exception` wrote before its own traceback."""
+    head = cands[:_REWRAP_SCAN]
+    messages = [(i, m.group(1).strip()) for i, c in enumerate(head)
+                if not c.weak and (m := _MESSAGE_RE.match(c.line)) is not None]
+    out: set[int] = set()
+    for i, c in enumerate(head):
+        mine = _MESSAGE_RE.match(c.line)
+        if mine is None:
+            continue
+        own = mine.group(1)
+        for j, message in messages:
+            if j != i and message != own.strip() and own.find(message) > 0:
+                out.add(i)
+                break
+    return out
 
 
 class RootCauseTracker:
@@ -292,6 +343,10 @@ class RootCauseTracker:
         # the last ERROR record of each process, while it may head a traceback that follows
         self._preface: dict[object, LogLine] = {}
         self._stopping = False
+        # the last `Fatal Python error` candidate, whose faulthandler stack may follow, and
+        # whether the stack being read is its crashing thread's (`Current thread`)
+        self._fatal: _Candidate | None = None
+        self._fault_current = True
         # an exception header whose message is still coming, line by line (its process key)
         self._unfinished: tuple[object, _Candidate] | None = None
         self.last_symptom_offset = -1
@@ -386,14 +441,18 @@ class RootCauseTracker:
             why = ([SURVIVED_WORDS] if fact.survived else [BEFORE_READY_WORDS]
                    if fact.before_ready else reasons(ranker, feats))
             out.append(RootCause(text, c.proc, c.pid, c.offset, self.symptoms, tuple(c.trace),
-                                 kind=classify(text), score=score, reasons=tuple(why),
+                                 deepest_frame=c.where(), kind=classify(text), score=score,
+                                 reasons=tuple(why),
                                  elsewhere=tier(fact) % 2 == 1, survived=fact.survived,
                                  before_ready=fact.before_ready))
         return out
 
     def facts(self, cands: Sequence[_Candidate]) -> list[Facts]:
-        """What the ranking knows of each candidate (the profile's survived shapes, READY)."""
-        return [c.facts(self.survived, self.ready_at) for c in cands]
+        """What the ranking knows of each candidate (the profile's survived shapes, READY,
+        which ones raise another's exception again)."""
+        rewraps = _rewraps(cands)
+        return [c.facts(self.survived, self.ready_at, i in rewraps)
+                for i, c in enumerate(cands)]
 
     def shapes(self) -> list[str]:
         """The shapes of every candidate so far (at READY: what this launch survived)."""
@@ -451,6 +510,8 @@ class RootCauseTracker:
             self._start(key, line, msg)
             self._carry = key if self._records else None
             return
+        if self._fatal is not None and self._faulthandler(msg):
+            return
         frame = _FRAME_RE.match(msg) if 'File "' in msg[:12] else None
         if frame is not None:  # a traceback whose first line was cut off
             trace = self._start(key, line, msg)
@@ -490,13 +551,35 @@ class RootCauseTracker:
                     # one that shows its process could not go on (faulthandler's fatal error,
                     # argparse's usage error) is a cause in its own right, not a wrapper's words
                     fatal = fatal_statement(msg)
-                    self._candidate(line, msg.strip(), [msg], weak=not fatal, evidence=fatal)
+                    cand = self._candidate(line, msg.strip(), [msg], weak=not fatal,
+                                           evidence=fatal)
+                    if fatal and cand is not None and msg.startswith("Fatal Python error"):
+                        self._fatal, self._fault_current = cand, True
         elif "xited" in msg or "died" in msg:
             self._symptom(line, msg)
         if key is None and level is None:
             # multiprocessing prints `Process EngineCore_DP0:` above a raw traceback: its name.
             m = _PROCESS_HEADER_RE.match(msg) if msg.startswith("Process ") else None
             self._process_header = m.group(1) if m else None
+
+    def _faulthandler(self, msg: str) -> bool:
+        """A line of the stack faulthandler prints under its `Fatal Python error`: a thread's
+        header or one of its frames (the crashing thread's name where it crashed). True when
+        the line was that."""
+        assert self._fatal is not None
+        if msg.endswith(_FAULT_STACK):
+            # `Current thread 0x...` / `Stack` is the crashing one; `Thread 0x...` another
+            self._fault_current = not msg.lstrip().startswith("Thread ")
+            return True
+        if 'File "' not in msg[:12]:
+            return False
+        m = _FAULT_FRAME_RE.match(msg)
+        if m is None:
+            return False
+        frames = self._fatal.frames
+        if self._fault_current and len(frames) < _FAULT_FRAMES_MAX:
+            frames.append((m.group(1), m.group(2), m.group(3)))
+        return True
 
     def _message_goes_on(self, key: object, msg: str) -> bool:
         """A line under an exception header printed without its traceback (`ImportError:`
@@ -604,12 +687,16 @@ class RootCauseTracker:
                 return True
             if msg.startswith(_CHAINING):
                 trace.lines.append(msg)
+                trace.chained = True
                 return True
-            if msg.endswith(_TB_START):
+            if msg.endswith(_TB_START) and trace.chained:
+                # the next exception of the chain: the first one stays its cause
                 trace.lines.append(msg)
                 trace.state = _IN_FRAMES
                 trace.frames = []
+                trace.chained = False
                 return True
+            # a traceback with no chaining sentence above it is another exception's own
         del self._open[key]
         return False
 
