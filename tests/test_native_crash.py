@@ -179,3 +179,17 @@ def test_chained_exceptions_name_the_first_even_when_its_message_breaks_the_trac
     assert ex.root_cause is not None
     assert ex.root_cause.line == ("torch.AcceleratorError: CUDA error: an illegal memory access "
                                   "was encountered")
+
+
+def test_a_traceback_right_after_another_is_its_own_exception_not_the_chains_next() -> None:
+    """Only Python's chaining sentence joins two tracebacks: two processes' raw tracebacks one
+    after the other are two exceptions, and the peer's broken pipe is not the cause."""
+    log = ["Traceback (most recent call last):",
+           '  File "/v/vllm/v1/engine/core_client.py", line 1, in process_outputs_socket',
+           "EOFError",
+           "Traceback (most recent call last):",
+           '  File "/v/vllm/config/model.py", line 2, in _verify_rope_scaling',
+           "ValueError: rope_scaling must have a 'factor' field"]
+    ex = explain(log)
+    assert ex.root_cause is not None
+    assert ex.root_cause.line == "ValueError: rope_scaling must have a 'factor' field"
