@@ -79,7 +79,7 @@ def test_simulate_argv():
                 '[simulate]\nscenario = "oom"\ntime_scale = 75\ngpus = 4\n')
     assert build_server_argv(p, "/venv/bin/python") == [
         "/venv/bin/python", "-m", "tui.sim.engine", "serve", "/m/Kimi", "--port", "8123",
-        "--tensor-parallel-size", "4",
+        "--tensor-parallel-size", "4", "--host", "0.0.0.0",
         "--speculative-config", '{"method": "eagle3", "model": "/d"}',
         "--max-model-len", "4096", "--sim-scenario", "oom", "--sim-time-scale", "75.0",
         "--sim-gpus", "4"]

@@ -3,12 +3,14 @@ it (run argv, NSpid), and the core naming a containerised process by both its pi
 
 from __future__ import annotations
 
+import getpass
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tui.agent.container import Box, remove_ended, run_argv
+from tui.agent.container import Box, remove_ended, run_argv, write_secrets
 from tui.agent.names import vllm_name
 from tui.agent.procfs import read_nspid
 from tui.agent.wire import AgentFailure
@@ -47,6 +49,18 @@ def _profile(container: str, extra: str = ""):
     ('image = "x"\nshm_size = "lots"\n', "container.shm_size: expected a size"),
     ('image = "x"\nipc = "host"\nshm_size = "16g"\n', "container.shm_size: shm_size has no effect"),
     ('image = "x"\nentrypoint = "cmd"\n', "did you mean 'command'?"),
+    ('image = "x"\nrun_args = ["--rm"]\n', "p.toml:11: container.run_args: run_args has '--rm'"),
+    ('image = "x"\nrun_args = ["--name", "mine"]\n', "run_args has '--name mine'"),
+    ('image = "x"\nrun_args = ["--pid=host"]\n', "run_args has '--pid host'"),
+    ('image = "x"\nrun_args = ["--network", "none"]\n', "run_args has '--network none'"),
+    ('image = "x"\nrun_args = ["--entrypoint", "bash"]\n', "run_args has '--entrypoint bash'"),
+    ('image = "x"\nrun_args = ["--restart=always"]\n', "run_args has '--restart always'"),
+    ('image = "x"\nrun_args = ["-e", "SPECCONSOLE_RUN_ID=x"]\n', "'-e SPECCONSOLE_RUN_ID=x'"),
+    ('image = "x"\nrun_args = ["--label", "specconsole.run_id=y"]\n', "specconsole's own labels"),
+    ('image = "x"\nrun_args = ["-v", "/tmp:/run/specconsole"]\n', "mounts over /run/specconsole"),
+    ('image = "x"\nrun_args = ["--mount", "type=bind,src=/t,dst=/run/specconsole/x"]\n',
+     "mounts over /run/specconsole"),
+    ('image = "x"\nvolumes = ["/tmp:/run/specconsole"]\n', "container.volumes: volume '/tmp:"),
 ])
 def test_a_bad_container_table_is_one_line(table: str, message: str) -> None:
     with pytest.raises(ProfileError) as err:
@@ -81,6 +95,27 @@ def test_run_options_name_label_publish_and_pass_env_by_name_only() -> None:
         assert opts[at:at + 2] == pair
     host_net = _profile('image = "x"\nrun_args = ["--network", "host"]\n')
     assert "-p" not in run_options(host_net, "p-1", [])
+    assert run_options(profile, "p-1", ["HF_TOKEN", "A"], ["HF_TOKEN"]).count("-e") == 2
+
+
+@pytest.mark.parametrize(("listen", "publish"), [
+    ("127.0.0.1", "127.0.0.1:8000:8000"), ("localhost", "127.0.0.1:8000:8000"),
+    ("::1", "[::1]:8000:8000"), ("10.1.2.3", "10.1.2.3:8000:8000"), ("0.0.0.0", "8000:8000"),
+    ("::", "8000:8000"),
+])
+def test_the_port_is_published_at_listen_and_the_server_listens_on_the_containers_all(
+        listen: str, publish: str) -> None:
+    profile = _profile('image = "vllm/vllm-openai"\nentrypoint = "command"\n',
+                       extra=f'listen = "{listen}"\n')
+    plan = plan_launch(profile, {"HF_TOKEN": "t" * 8}, now=0.0)
+    assert plan.container is not None
+    options = plan.container["options"]
+    assert options[options.index("-p") + 1] == publish
+    assert plan.argv[plan.argv.index("--host") + 1] == "0.0.0.0"
+    on_host = _profile('image = "x"\nentrypoint = "command"\nrun_args = ["--network=host"]\n',
+                       extra=f'listen = "{listen}"\n')
+    argv = plan_launch(on_host, {"HF_TOKEN": "t" * 8}, now=0.0).argv
+    assert argv[argv.index("--host") + 1] == listen  # the host's own network: as written
 
 
 def test_the_image_entrypoint_gets_the_servers_arguments_and_no_secret_value() -> None:
@@ -90,14 +125,37 @@ def test_the_image_entrypoint_gets_the_servers_arguments_and_no_secret_value() -
     assert spec is not None and spec["entrypoint"] == "image"
     assert spec["command"][:3] == ["/models/Kimi-K2.5", "--port", "8000"]  # no `vllm serve`
     assert "hf_secret_value" not in repr(spec) and plan.env["HF_TOKEN"] == "hf_secret_value"
+    assert spec["secret_env"] == ["HF_TOKEN"] and "HF_TOKEN" not in spec["options"]
     inner = ["vllm", "serve", *spec["command"]]
-    argv = run_argv(Box(spec), "/runs/r 1", inner)
+    argv = run_argv(Box(spec), "/runs/r 1", inner, secrets=True)
     assert argv[:3] == ["docker", "run", "-d"]
     at = argv.index("--entrypoint")
-    assert argv[at - 2:at] == ["-v", "/runs/r 1:/run/specconsole"]
-    assert argv[at:at + 6] == ["--entrypoint", "sh", "vllm/vllm-openai", "-c",
-                               'exec "$@" >>/run/specconsole/server.log 2>&1', "sh"]
-    assert argv[at + 6:] == inner
+    assert argv[at - 4:at] == ["-v", "/runs/r 1/server.log:/run/specconsole/server.log",
+                               "-v", "/runs/r 1/secrets.env:/run/specconsole/secrets.env"]
+    assert argv[at - 6] == "--label" and argv[at - 5].startswith("specconsole.user=")
+    assert argv[at:at + 4] == ["--entrypoint", "sh", "vllm/vllm-openai", "-c"]
+    script = argv[at + 4]
+    assert script.startswith("exec >>/run/specconsole/server.log 2>&1; ")
+    assert ". /run/specconsole/secrets.env; set +a; : >/run/specconsole/secrets.env; " in script
+    assert script.endswith('exec "$@"') and argv[at + 5] == "sh" and argv[at + 6:] == inner
+    assert "-v" not in argv[at:] and not any(w.startswith("/runs/r 1:") for w in argv)
+    plain = run_argv(Box(spec), "/runs/r 1", inner, secrets=False)
+    assert "secrets.env" not in " ".join(plain)
+
+
+def test_the_secrets_file_gives_the_wrapper_each_value_exactly(tmp_path: Path) -> None:
+    """The file the wrapper sources (by a real sh) sets each secret to its value, however it
+    is quoted, and nothing else; the file is the owner's alone."""
+    values = {"HF_TOKEN": "hf_'quoted' $HOME `x` \\ \"q\" ; rm -rf /", "OTHER": "plain"}
+    path = tmp_path / "secrets.env"
+    assert write_secrets(str(path), values, ["HF_TOKEN", "MISSING"])
+    assert path.stat().st_mode & 0o777 == 0o600
+    done = subprocess.run(["sh", "-c", f'set -a; . {path}; printf %s "$HF_TOKEN"; '
+                           'printf "|%s" "${OTHER-unset}"'], capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"]}, check=True)
+    assert done.stdout == values["HF_TOKEN"] + "|unset"
+    assert not write_secrets(str(tmp_path / "none.env"), values, ["MISSING"])
+    assert not (tmp_path / "none.env").exists()
 
 
 def test_the_command_entrypoint_runs_the_built_server_command_with_the_image_python() -> None:
@@ -105,7 +163,7 @@ def test_the_command_entrypoint_runs_the_built_server_command_with_the_image_pyt
                             '[container]\nimage = "lmsysorg/sglang"\nentrypoint = "command"\n',
                             "s.toml")
     spec = container_spec(profile, "s-1", plan_launch(profile, {"HF_TOKEN": "x" * 8}).argv,
-                          [])
+                          {})
     assert spec["command"][:3] == ["python3", "-m", "sglang.launch_server"]
 
 
@@ -131,6 +189,7 @@ def test_the_profiles_ended_containers_are_found_with_the_statuses_each_runtime_
     assert remove_ended(_box("podman")) == ["c0ffee"]
     calls = (tmp_path / "podman.calls").read_text().splitlines()
     assert "label=specconsole.profile=p" in calls[0] and "status=stopped" in calls[0]
+    assert f"label=specconsole.user={getpass.getuser()}" in calls[0]  # never another's
     assert calls[1] == "rm c0ffee"
     (tmp_path / "docker").write_text(FAKE_PODMAN)  # refuses "dead" as podman would
     (tmp_path / "docker").chmod(0o755)

@@ -7,7 +7,9 @@ profile's server keeps running, and attaching to it later uses what it was launc
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import inspect
 import os
 import pty
 import re
@@ -19,6 +21,10 @@ import threading
 from pathlib import Path
 
 from helpers import carriers, free_port, sim_profile, wait_for
+from textual.app import App
+from textual.drivers.linux_driver import LinuxDriver
+
+from tui.console.terminal import ConsoleDriver, HungUpSafeStream
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -149,3 +155,51 @@ def test_frames_drawn_after_a_hangup_do_not_wedge_the_console(tmp_path: Path) ->
         assert term.hang_up() == 0
     finally:
         term.proc.kill()
+
+
+class _Failing:
+    """A stream whose writes fail with `errors` in turn, then succeed (what it took is kept)."""
+
+    def __init__(self, *errors: OSError) -> None:
+        self.errors = list(errors)
+        self.written: list[str] = []
+        self.read_end, self.write_end = os.pipe()  # an empty pipe: writable at once
+
+    def write(self, text: str) -> int:
+        if self.errors:
+            raise self.errors.pop(0)
+        self.written.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def fileno(self) -> int:
+        return self.write_end
+
+
+def test_only_a_terminal_gone_away_stops_drawing() -> None:
+    """EIO/EPIPE: hung up, nothing more is written. A full terminal (EAGAIN) is waited for and
+    what it did not take is written after; any other error loses that frame, not the rest."""
+    gone = HungUpSafeStream(_Failing(OSError(errno.EIO, "Input/output error")))  # type: ignore
+    gone.write("a")
+    gone.write("b")
+    assert gone.hung_up and gone._stream.written == []  # type: ignore[attr-defined]
+    full = _Failing(BlockingIOError(errno.EAGAIN, "full", 2))
+    stream = HungUpSafeStream(full)  # type: ignore[arg-type]
+    stream.write("frame")
+    assert not stream.hung_up and full.written == ["ame"]  # "fr" was taken before EAGAIN
+    odd = _Failing(OSError(errno.ENOSPC, "No space left on device"))
+    other = HungUpSafeStream(odd)  # type: ignore[arg-type]
+    other.write("lost")
+    other.write("next")
+    assert not other.hung_up and other.dropped == 1 and odd.written == ["next"]
+
+
+async def test_textual_still_writes_every_frame_through_the_drivers_file() -> None:
+    """ConsoleDriver wraps LinuxDriver's private `_file`: this fails when a Textual release
+    stops handing that stream to its writer thread, so the wrap is never silently bypassed."""
+    source = inspect.getsource(LinuxDriver)
+    assert "WriterThread(self._file)" in source
+    driver = ConsoleDriver(App())
+    assert isinstance(driver._file, HungUpSafeStream)

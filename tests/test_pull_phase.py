@@ -148,3 +148,22 @@ def test_a_failed_pull_is_dead_in_the_phase_pulling_image_with_the_runtimes_line
     death = next(e for e in events if isinstance(e, Died)).death
     assert m.state is State.DEAD and death.phase is Phase.PULLING
     assert death.cause is not None and death.cause.line == said
+
+
+@pytest.mark.parametrize("said", [
+    "specconsole: the docker daemon restarted; the container died with it (exit code 0)",
+    "specconsole: `podman wait` failed; the container ended with exit code 137",
+    "specconsole: the container specconsole-x was removed before docker could say how it ended",
+    "specconsole: the container's monitor failed: ValueError: a bug",
+    "specconsole: cannot start the container: docker: Error response from daemon: Conflict.",
+])
+def test_the_monitors_word_on_the_runtime_is_the_cause_not_the_signal_it_sent(said: str) -> None:
+    """The daemon stopping the container sends its processes a signal: the run's cause is the
+    monitor's line saying why, a fatal cause of its own, read after the deaths."""
+    assert (kind := classify(said)) is not None and kind.id == "container_runtime" and kind.fatal
+    m = _machine()
+    m.feed_lines(enumerate(["vLLM API server version 0.32.0", said]), T0 + 3)
+    events = m.feed_run_exit(RunExit(4242, 0, None, T0 + 3.1, container="specconsole-x"),
+                             T0 + 3.1)
+    death = next(e for e in events if isinstance(e, Died)).death
+    assert death.cause is not None and death.cause.line == said

@@ -202,6 +202,7 @@ LAB_TOOLS = {"/usr/sbin/sshd": "openssh-server", "ip": "iproute2", "nft": "nftab
 # The tests build the NVML stand-in (tui/sim/nvml) with the host's C compiler.
 TEST_TOOLS = {"cc": "gcc"}
 POLICY_RC = Path("/usr/sbin/policy-rc.d")
+APT_LOCK_WAIT_S = 600
 
 
 def _missing(tools: dict[str, str]) -> list[str]:
@@ -224,8 +225,12 @@ def ensure_packages(tools: dict[str, str]) -> str | None:
         POLICY_RC.chmod(0o755)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
-        for step in (["apt-get", "update", "-q"],
-                     ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]):
+        # another apt (an unattended upgrade, a second lane) holding the dpkg lock is waited
+        # for, not failed on
+        wait = ["-o", f"DPkg::Lock::Timeout={APT_LOCK_WAIT_S}"]
+        for step in (["apt-get", *wait, "update", "-q"],
+                     ["apt-get", *wait, "install", "-y", "-q", "--no-install-recommends",
+                      *missing]):
             done = subprocess.run(step, env=env, capture_output=True, text=True)
             if done.returncode != 0:
                 last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["?"]

@@ -25,6 +25,7 @@ import pytest
 from helpers import carriers, wait_for
 
 from containers.conftest import ROOT, container_profile, containers_of
+from tui.agent.rundir import STARTING
 
 PULLED = "specconsole-lane:pulltest"
 SHIM = """#!/bin/bash
@@ -108,7 +109,8 @@ def test_the_launch_returns_as_the_pull_starts_and_the_pull_is_a_phase(
     cleanup.append(run_dir.name)
     assert f"pulling image {PULLED} first" in launched.stdout
     # returned while the pull runs: no container yet, the image not there yet
-    assert (run_dir / "pulling").exists() and containers_of(run_dir.name) == []
+    marker = json.loads((run_dir / STARTING).read_text())  # the monitor says it pulls
+    assert marker["pulling"] is True and containers_of(run_dir.name) == []
     waited = _cli(shim_env, "wait", str(profile), "--timeout", "90s")
     assert waited.returncode == 0, waited.stdout + waited.stderr
     phases = [line.split("phase: ", 1)[1].split(" (at")[0]
@@ -138,7 +140,7 @@ def test_a_kill_during_the_pull_ends_it_and_leaves_nothing(
     exit_info = json.loads((run_dir / "exit.json").read_text())
     assert exit_info["signal"] == 15
     assert exit_info["error"] == f"killed while pulling image {PULLED}"
-    assert not (run_dir / "pulling").exists()
+    assert not (run_dir / STARTING).exists()
     assert _shim_processes(tmp_path / "shim") == []
     assert containers_of(run_dir.name) == [] and carriers(run_dir.name) == []
     assert subprocess.run(["docker", "image", "inspect", PULLED],

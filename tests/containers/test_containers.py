@@ -307,7 +307,12 @@ async def test_stacks_are_taken_inside_the_container_when_the_host_has_no_pyspy(
     path = [d for d in os.environ["PATH"].split(os.pathsep)
             if not os.access(os.path.join(d, "py-spy"), os.X_OK)]
     monkeypatch.setenv("PATH", os.pathsep.join(path))
-    taken = await _stacks_of_a_worker(tmp_path / "with", None)
+    # the image's Python: this lane's venv (mounted read-only with the checkout), beside which
+    # its test extra installed py-spy, as vllm/vllm-openai's venv has it beside its python
+    image_python = Path(sys.prefix) / "bin" / "python"
+    assert os.access(image_python.parent / "py-spy", os.X_OK), "the test extra's py-spy"
+    assert Path(sys.prefix).resolve().is_relative_to(ROOT), "the venv is mounted with ROOT"
+    taken = await _stacks_of_a_worker(tmp_path / "with", str(image_python))
     by_name = {s.name: s for s in taken.stacks}
     worker = by_name["Worker_TP3"]
     assert worker.error is None, worker.error

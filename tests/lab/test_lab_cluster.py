@@ -181,6 +181,11 @@ async def test_two_host_launch_reaches_ready_and_kill_leaves_nothing(
                         if n == "RayWorkerWrapper"]
             await _poll(lambda: len(actors("ray-node-1")) == 4 and len(actors("ray-head")) == 4,
                         10, "4 RayWorkerWrapper actors on each host")
+            # each host's daemons, polled as the actors are (a slower box starts log_monitor
+            # after its raylet registered the actors)
+            await _poll(lambda: set(_names_on(group, "ray-head").values()) >= RAY_HEAD_DAEMONS
+                        and set(worker_host.machine.names().values()) >= RAY_NODE_DAEMONS,
+                        30, "Ray's daemons on each host")
             names = worker_host.machine.names()
             head_names = set(_names_on(group, "ray-head").values())
             assert head_names >= RAY_HEAD_DAEMONS, head_names

@@ -58,15 +58,15 @@ def in_container(venv: Path, models: Path, scratch: Path, *extra: Path) -> Calla
     (tests/containers/setup_docker.py: a skeleton root, no Python of its own) with
     entrypoint = "command". The host's /usr and the venv's base Python are mounted read-only as
     that lane mounts them, so are the lane's venv, its models and `extra` (a shadow, a patched
-    file), each at its host path; the scratch is writable. vLLM listens on every address of
-    the container, and the port is published: /health is asked from the host through it."""
+    file), each at its host path; the scratch is writable. The profile's `listen = "127.0.0.1"`
+    stays as it is: specconsole makes vLLM listen on every address of the container and
+    publishes the port on the host's loopback only, where /health is asked."""
     base = Path(os.path.realpath(venv / "bin" / "python")).parent.parent
     volumes = ["/usr:/usr:ro", f"{base}:{base}:ro", f"{venv}:{venv}:ro",
                f"{models}:{models}:ro", *(f"{p}:{p}:ro" for p in extra), f"{scratch}:{scratch}"]
 
     def edit(text: str) -> str:
         assert 'listen = "127.0.0.1"\n' in text
-        text = text.replace('listen = "127.0.0.1"\n', 'listen = "0.0.0.0"\n', 1)
         return text + f"""
 [container]
 runtime = "docker"

@@ -3,9 +3,17 @@
 
 The container's processes are host processes: the agent watches them as it watches a bare
 server's, from the container's main process (its host pid, recorded as the run's top).  Their
-output goes to the host run directory's server.log directly (the directory is bind-mounted and
-the command wrapped in `sh -c 'exec "$@" >>LOG 2>&1'`), so the log tail, its byte offsets and
-its reconnect guarantees are the bare run's.
+output goes to the host run directory's server.log directly (that one file is bind-mounted and
+the command wrapped in `sh -c 'exec >>LOG 2>&1; ...; exec "$@"'`), so the log tail, its byte
+offsets and its reconnect guarantees are the bare run's.
+
+Nothing else of the run directory is in the container: code inside it (a model's remote code, a
+compromised image) can write its own log and nothing the host agent takes a pid, an exit, a run
+identity or a path from.  A file bind-mounted on its own cannot be replaced from inside (a mount
+point is neither renamed nor unlinked), so the log is never swapped for a link.  Secret values
+reach the server through a second such file, mode 0600, sourced by the wrapper and emptied at
+once (the host's name for it is unlinked as soon as the client returns): the runtime never
+stores them where `inspect` shows them.
 """
 
 from __future__ import annotations
@@ -13,16 +21,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import re
+import shlex
 import signal
 import subprocess
 import time
 
-from .procfs import read_stat
-from .rundir import ENV_KEY, PULLING, write_json_atomic
+from .procfs import own_group, read_stat
+from .rundir import ENV_KEY
 from .wire import AgentFailure, SpecError, spec_strings, spec_value
 
 CLI_TIMEOUT = 60.0  # seconds for one quick runtime call (inspect, ps, rm)
+RUN_TIMEOUT = 300.0  # seconds for `run -d` (it makes the container's layer and network)
+LABEL_USER = "specconsole.user"  # whose run: cleanup removes only that user's containers
+SECRETS = "secrets.env"  # in the run directory, until the container's client returns
 # `ps --filter status=` values of a container that has ended or never ran: podman knows no
 # "dead" (it refuses the whole call) and says "stopped" before its cleanup makes it "exited"
 ENDED = {"docker": ("exited", "created", "dead"), "podman": ("exited", "created", "stopped")}
@@ -41,6 +54,7 @@ class Box:
         self.options = spec_strings(spec, "options")
         self.command = spec_strings(spec, "command")
         self.profile_label = spec_value(spec, "profile_label", str)
+        self.secret_env = spec_strings(spec, "secret_env")
         self.mount = spec_value(spec, "mount", str, "/run/specconsole")
         self.pull = spec_value(spec, "pull", str, "missing")
         self.python = spec_value(spec, "python", str, "python3")
@@ -73,9 +87,11 @@ def cli(runtime: str, *args: str, timeout: float | None = CLI_TIMEOUT,
 
 def remove_ended(box: Box) -> list[str]:
     """The profile's earlier containers that have ended (kept so that their exit reason could
-    be read) are removed now, as its next launch starts; a running one is left alone."""
+    be read) are removed now, as its next launch starts; a running one is left alone, and so
+    is another user's (the same profile name on a shared host)."""
     statuses = [w for status in ENDED[box.runtime] for w in ("--filter", f"status={status}")]
-    done = cli(box.runtime, "ps", "-aq", "--filter", f"label={box.profile_label}", *statuses)
+    done = cli(box.runtime, "ps", "-aq", "--filter", f"label={box.profile_label}",
+               "--filter", f"label={user_label()}", *statuses)
     if done.returncode != 0:
         raise AgentFailure("container", f"`{box.runtime} ps` cannot list the profile's ended "
                            f"containers: {done.stderr.strip() or done.stdout.strip()}")
@@ -83,6 +99,15 @@ def remove_ended(box: Box) -> list[str]:
     if found:
         cli(box.runtime, "rm", *found)
     return found
+
+
+def user_label() -> str:
+    """`specconsole.user=NAME`: the host user this agent runs as (its uid when unnamed)."""
+    try:
+        name = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        name = str(os.getuid())
+    return f"{LABEL_USER}={name}"
 
 
 def image_present(box: Box) -> bool:
@@ -98,12 +123,11 @@ class Pull:
     streams) copied line by line to server.log (fd 1) with a line of the monitor's own after
     each layer done (`N/M layers`: docker draws its byte counts only on a terminal).
 
-    While it runs the PULLING marker names the monitor (pid, start time): the launch returns
-    at once, and a kill TERMs the monitor, whose `stop` ends the pull's whole group."""
+    While it runs, the monitor's start marker says so (tui/agent/boxmonitor.py): the launch
+    returns at once, and a kill TERMs the monitor, whose `stop` ends the pull's whole group."""
 
-    def __init__(self, box: Box, run_dir: str) -> None:
+    def __init__(self, box: Box) -> None:
         self.box = box
-        self.marker = os.path.join(run_dir, PULLING)
         self.proc: subprocess.Popen[bytes] | None = None
         self.stopped = False
 
@@ -117,13 +141,7 @@ class Pull:
 
     def run(self) -> None:
         """Pull; AgentFailure with the runtime's last line when it fails."""
-        me = read_stat(os.getpid())
-        write_json_atomic(self.marker, {"monitor_pid": os.getpid(), "image": self.box.image,
-                                        "start_ticks": me.start_ticks if me else None})
-        try:
-            last = self._pull()
-        finally:
-            os.unlink(self.marker)
+        last = self._pull()
         if self.stopped:
             return
         code = self.proc.returncode if self.proc is not None else None
@@ -140,7 +158,7 @@ class Pull:
             self.proc = subprocess.Popen([self.box.runtime, "pull", image],
                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, env=client_env(),
-                                         process_group=0)
+                                         **own_group())
         except FileNotFoundError:
             raise AgentFailure("container", f"{self.box.runtime} is not installed on this "
                                "host") from None
@@ -200,12 +218,38 @@ def image_entrypoint(box: Box) -> list[str]:
     return words
 
 
-def run_argv(box: Box, run_dir: str, inner: list[str]) -> list[str]:
-    """`docker run -d ...`: the profile's options, the run directory mounted, and `inner` (the
+def run_argv(box: Box, run_dir: str, inner: list[str], secrets: bool) -> list[str]:
+    """`docker run -d ...`: the profile's options, whose run it is (a user label), the run's
+    server.log alone bind-mounted (and, with `secrets`, the secrets file), and `inner` (the
     server's argv) run by sh with its output appended to the mounted server.log."""
     log = f"{box.mount}/server.log"
-    return [box.runtime, "run", "-d", *box.options, "-v", f"{run_dir}:{box.mount}",
-            "--entrypoint", "sh", box.image, "-c", f'exec "$@" >>{log} 2>&1', "sh", *inner]
+    mounts = ["-v", f"{os.path.join(run_dir, 'server.log')}:{log}"]
+    script = f"exec >>{log} 2>&1; "
+    if secrets:
+        held = f"{box.mount}/{SECRETS}"
+        mounts += ["-v", f"{os.path.join(run_dir, SECRETS)}:{held}"]
+        script += (f"if [ ! -r {held} ]; then echo 'specconsole: cannot read the secrets file "
+                   f"{held} in the container: it runs as a user other than the file owner "
+                   "(drop --user from container.run_args, or run it as root)'; exit 126; fi; "
+                   f"set -a; . {held}; set +a; : >{held}; ")
+    return [box.runtime, "run", "-d", *box.options, "--label", user_label(), *mounts,
+            "--entrypoint", "sh", box.image, "-c", script + 'exec "$@"', "sh", *inner]
+
+
+def write_secrets(path: str, env: dict[str, str], names: list[str]) -> bool:
+    """The values of `names` as sh assignments in a new file of mode 0600 (the wrapper sources
+    it inside the container); False when there is none to pass."""
+    lines = [f"{name}={shlex.quote(env[name])}\n" for name in names if name in env]
+    if not lines:
+        return False
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        data = "".join(lines).encode()
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
+    return True
 
 
 def state(runtime: str, name: str) -> dict | None:
@@ -221,8 +265,11 @@ def state(runtime: str, name: str) -> dict | None:
 
 
 def wait(runtime: str, name: str) -> int | None:
-    """Until the container ends: its exit code (None when the runtime could not say)."""
+    """Until the container ends: its exit code; None when the runtime could not say (its
+    daemon went away, the container was removed under it)."""
     done = cli(runtime, "wait", name, timeout=None)
+    if done.returncode != 0:
+        return None
     try:
         return int(done.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -237,5 +284,14 @@ def stop(runtime: str, name: str, grace: float) -> str:
     return "" if done.returncode == 0 else done.stderr.strip()
 
 
-def remove(runtime: str, name: str) -> bool:
-    return cli(runtime, "rm", name).returncode == 0
+def answers(runtime: str) -> bool:
+    """The runtime's client reaches its daemon (podman: its store)."""
+    try:
+        return cli(runtime, "version", "--format", "{{.Server.Version}}" if runtime == "docker"
+                   else "{{.Version}}").returncode == 0
+    except AgentFailure:
+        return False
+
+
+def remove(runtime: str, name: str, force: bool = False) -> bool:
+    return cli(runtime, "rm", *(["-f"] if force else []), name).returncode == 0

@@ -36,8 +36,8 @@ def cmd_kill(spec: dict) -> int:
     """
     run = Run(spec_value(spec, "run_dir", str))
     grace = float(spec_value(spec, "grace", (int, float), 10.0))
-    if run.top_pid is None and (pulling := run.pulling()) is not None:
-        _stop_pull(run, pulling, grace)
+    if run.top_pid is None and (starting := run.starting()) is not None:
+        _stop_start(run, starting, grace)
     exclude = ancestors(os.getpid())
     if run.monitor_pid is not None:
         exclude.add(run.monitor_pid)
@@ -93,14 +93,14 @@ def cmd_kill(spec: dict) -> int:
     return 0
 
 
-def _stop_pull(run: Run, pulling: dict, grace: float) -> None:
-    """The container's image is still being pulled: TERM the monitor (the very process the
-    marker names), which ends the pull and starts no container; then wait until it says so
-    (exit.json) or, if the pull had just ended, until its container's pid is recorded (the
-    kill then goes on as for any container)."""
-    pid, fd = pulling["monitor_pid"], _pidfd(pulling["monitor_pid"])
+def _stop_start(run: Run, starting: dict, grace: float) -> None:
+    """The container is still being set up (its image pulled, `run -d` under way): TERM the
+    monitor (the very process the marker names), which ends the pull, removes a container it
+    had just started and records the run as killed; then wait until it says so (exit.json) or,
+    if the container's pid was recorded meanwhile, go on as for any container."""
+    pid, fd = starting["monitor_pid"], _pidfd(starting["monitor_pid"])
     try:
-        if fd is None or not _is(pid, pulling.get("start_ticks")):
+        if fd is None or not _is(pid, starting.get("start_ticks")):
             return
         emit("kill_step", step="TERM", pids=[pid], time=time.time())
         with contextlib.suppress(OSError):
@@ -108,7 +108,7 @@ def _stop_pull(run: Run, pulling: dict, grace: float) -> None:
     finally:
         if fd is not None:
             os.close(fd)
-    deadline = time.monotonic() + grace + container.CLI_TIMEOUT
+    deadline = time.monotonic() + grace + container.RUN_TIMEOUT
     while run.exit_info() is None and alive(pid) and time.monotonic() < deadline:
         run.load_pid()
         if run.top_pid is not None:

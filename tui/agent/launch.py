@@ -7,16 +7,16 @@ import contextlib
 import errno
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 import traceback
 
 from . import container
-from .procfs import read_stat
+from .boxmonitor import BoxMonitor
+from .procfs import own_group, read_stat
 from .redaction import redact, secret_hashes
-from .rundir import ENV_KEY, PULLING, read_json, write_json_atomic
+from .rundir import ENV_KEY, STARTING, read_json, write_json_atomic
 from .wire import AGENT_VERSION, AgentFailure, SpecError, emit, spec_strings, spec_value
 
 
@@ -80,10 +80,12 @@ def cmd_launch(spec: dict) -> int:
     os.close(log_fd)
     os.waitpid(child, 0)
     pid_path = os.path.join(run_dir, "pid")
-    deadline = time.monotonic() + 30
+    # a container's `run -d` may take minutes (its layer made, a large image unpacked)
+    deadline = time.monotonic() + (30 if box is None else container.RUN_TIMEOUT + 60)
     while (info := read_json(pid_path)) is None:
-        pulling = read_json(os.path.join(run_dir, PULLING))
-        if pulling is not None:  # the watch shows the pull and picks the container up later
+        pulling = read_json(os.path.join(run_dir, STARTING))
+        if pulling is not None and pulling.get("pulling") is True:
+            # the watch shows the pull and picks the container up later
             emit("launched", run_id=run_id, run_dir=run_dir, pid=pulling.get("monitor_pid"),
                  pgid=None, log=log, pulling=pulling.get("image"))
             return 0
@@ -130,14 +132,14 @@ def _become_monitor(run_dir: str, log_fd: int, argv: list[str], env: dict, cwd: 
     so it never holds the agent's stdout pipe: an SSH exec returns as soon as the agent exits.
     """
     detach(log_fd)
-    group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     pid_path = os.path.join(run_dir, "pid")
     exit_path = os.path.join(run_dir, "exit.json")
     if box is not None:
-        _monitor_container(box, run_dir, argv, env, pid_path, exit_path)
+        BoxMonitor(box, run_dir, argv, env).run()
         return
     try:
-        server = subprocess.Popen(argv, stdin=0, stdout=1, stderr=2, env=env, cwd=cwd, **group)
+        server = subprocess.Popen(argv, stdin=0, stdout=1, stderr=2, env=env, cwd=cwd,
+                                  **own_group())
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         message = f"specconsole: cannot start {argv[0]!r}: {exc}"
         os.write(2, (message + "\n").encode("utf-8", "replace"))
@@ -154,69 +156,4 @@ def _become_monitor(run_dir: str, log_fd: int, argv: list[str], env: dict, cwd: 
     write_json_atomic(exit_path, {
         "pid": server.pid, "code": rc if rc >= 0 else None, "signal": -rc if rc < 0 else None,
         "time": time.time(),
-    })
-
-
-def _monitor_container(box: container.Box, run_dir: str, argv: list[str], env: dict,
-                       pid_path: str, exit_path: str) -> None:
-    """`docker run -d` (the client takes the `-e NAME` values from `env`), record the
-    container's main process's host pid as the run's top, `docker wait`, then write exit.json
-    with the exit code and whether the container's memory limit killed it (OOMKilled)."""
-    def failed(message: str) -> None:
-        os.write(2, (f"specconsole: {message}\n").encode("utf-8", "replace"))
-        write_json_atomic(exit_path, {"pid": None, "code": 127, "signal": None,
-                                      "time": time.time(), "error": message,
-                                      "container": box.name})
-        write_json_atomic(pid_path, {"pid": None, "pgid": None, "monitor_pid": os.getpid()})
-
-    try:
-        container.remove_ended(box)
-        if not container.image_present(box):
-            if box.pull == "never":
-                raise AgentFailure("container", f"image {box.image} is not on this host and "
-                                   "container.pull = \"never\"")
-            pull = container.Pull(box, run_dir)
-            # a kill while it pulls TERMs the monitor (tui/agent/kill.py): the pull ends and
-            # no container starts; a TERM after the pull is left to `docker stop`
-            signal.signal(signal.SIGTERM, lambda *_: pull.stop())
-            pull.run()
-            if pull.stopped:
-                message = f"killed while pulling image {box.image}"
-                os.write(2, f"specconsole: {message}\n".encode())
-                write_json_atomic(exit_path, {"pid": None, "code": None,
-                                              "signal": signal.SIGTERM.value,
-                                              "time": time.time(), "error": message,
-                                              "container": box.name})
-                write_json_atomic(pid_path, {"pid": None, "pgid": None,
-                                             "monitor_pid": os.getpid()})
-                return
-        inner = (container.image_entrypoint(box) + box.command if box.entrypoint == "image"
-                 else argv)
-        started = container.cli(box.runtime, *container.run_argv(box, run_dir, inner)[1:],
-                                env=env)
-    except AgentFailure as exc:
-        failed(str(exc))
-        return
-    if started.returncode != 0:
-        failed(f"cannot start the container: {started.stderr.strip() or started.stdout.strip()}")
-        return
-    st = container.state(box.runtime, box.name) or {}
-    pid = st.get("Pid") if isinstance(st.get("Pid"), int) and st.get("Pid") > 0 else None
-    stat = read_stat(pid) if pid is not None else None
-    if pid is None or stat is None:
-        failed(f"the container ended as it started (exit code {st.get('ExitCode')}, "
-               f"{st.get('Error') or 'see server.log'}); `{box.runtime} logs {box.name}` "
-               "has what it printed before its command ran")
-        return
-    write_json_atomic(pid_path, {
-        "pid": pid, "pgid": stat.pgid, "monitor_pid": os.getpid(), "sid": stat.sid,
-        "start_ticks": stat.start_ticks, "container": box.name,
-    })
-    code = container.wait(box.runtime, box.name)
-    final = container.state(box.runtime, box.name) or {}
-    if code is None and isinstance(final.get("ExitCode"), int):
-        code = final["ExitCode"]
-    write_json_atomic(exit_path, {
-        "pid": pid, "code": code, "signal": None, "time": time.time(),
-        "oom_killed": final.get("OOMKilled") is True, "container": box.name,
     })

@@ -9,6 +9,7 @@ request lines between them would only delay the first screen."""
 from __future__ import annotations
 
 import os
+import stat
 
 from .redaction import SecretFinder
 from .wire import emit
@@ -36,8 +37,13 @@ class LogTail:
     """Complete lines from a byte offset; a partial last line waits for its newline."""
 
     def __init__(self, path: str, offset: int, finder: SecretFinder | None = None,
-                 skim: tuple[int, int] | None = None) -> None:
+                 skim: tuple[int, int] | None = None, follow: bool = False) -> None:
         self.path = path
+        # the run's own server.log is opened without following a link (a process of the run
+        # cannot make the agent read another file); an attached run's log is a link the
+        # agent made itself to the file the user named
+        self.flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else
+                                                                   os.O_NOFOLLOW)
         self.offset = max(0, offset)
         self.finder = finder
         self.partial = b""
@@ -62,9 +68,13 @@ class LogTail:
     def _pump(self, final: bool) -> bool:
         if self.fd is None:
             try:
-                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(self.path, self.flags)
             except FileNotFoundError:  # not written yet
                 return False
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a fifo, a device: never read
+                os.close(fd)
+                raise OSError("not a regular file")
+            self.fd = fd
         size = os.fstat(self.fd).st_size
         grew, self.size = size != self.size, size
         if size < self.offset + len(self.partial):

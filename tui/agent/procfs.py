@@ -4,6 +4,7 @@ raising on a process that vanished (None instead)."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import psutil
@@ -156,3 +157,11 @@ def pgid_of(pid: int) -> int | None:
 def alive(pid: int) -> bool:
     st = read_stat(pid)
     return st is not None and not st.dead
+
+
+def own_group() -> dict:
+    """subprocess.Popen's keyword for a child in a process group of its own: `process_group`
+    exists only from Python 3.11, and the agent runs on the GPU host's Python (3.10 too)."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"preexec_fn": os.setpgrp}

@@ -13,7 +13,9 @@ from .procfs import Stat, env_values, read_environ, read_stat
 from .wire import AgentFailure
 
 ENV_KEY = "SPECCONSOLE_RUN_ID"
-PULLING = "pulling"  # in the run directory while the monitor pulls the container's image
+# in the run directory while a container's monitor sets it up (removes the profile's ended
+# containers, pulls the image, runs it), until the container's pid is recorded or its end is
+STARTING = "starting"
 
 
 def write_json_atomic(path: str, obj: object) -> None:
@@ -102,16 +104,22 @@ class Run:
     def exit_info(self) -> dict | None:
         return read_json(self.exit_path)
 
-    def pulling(self) -> dict | None:
-        """{monitor_pid, start_ticks, image} while the monitor pulls the container's image
-        (no top process yet); None once the container started, or when that monitor is gone."""
-        info = read_json(os.path.join(self.dir, PULLING))
+    def starting(self) -> dict | None:
+        """{monitor_pid, start_ticks, image, pulling} while the monitor sets the container up
+        (no top process yet); None once the container's pid or its end is recorded, or when
+        that monitor is gone."""
+        info = read_json(os.path.join(self.dir, STARTING))
         pid = info.get("monitor_pid") if info is not None else None
         if not isinstance(pid, int) or self.exit_info() is not None:
             return None
         st = read_stat(pid)
         alive = st is not None and not st.dead and st.start_ticks == info.get("start_ticks")
         return info if alive else None
+
+    def pulling(self) -> dict | None:
+        """starting(), while the monitor pulls the container's image (the phase shown)."""
+        info = self.starting()
+        return info if info is not None and info.get("pulling") is True else None
 
     def env_secrets(self, names: list[str]) -> list[str] | None:
         """The top process's values of the variables `names`; None while its pid is unknown.

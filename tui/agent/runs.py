@@ -9,17 +9,17 @@ from .wire import AgentFailure, emit, spec_value
 
 
 def run_row(run: Run) -> dict:
-    """A run as `runs` lists it (while its container's image is pulled: alive, its pid the
+    """A run as `runs` lists it (while its container is set up: alive, its pid the
     monitor's); `attached`: what an attached run follows (tui/agent/attach.py),
     absent for a launched one."""
-    pulling = run.pulling() if run.top_pid is None else None  # the monitor, until its container
-    pid = run.top_pid if pulling is None else pulling["monitor_pid"]
+    starting = run.starting() if run.top_pid is None else None  # the monitor, until its container
+    pid = run.top_pid if starting is None else starting["monitor_pid"]
     if pid is None and run.container is not None:  # its image never pulled: still followable
         pid = run.monitor_pid                       # to its end (exit.json says why)
     row = {"run_id": run.run_id, "profile_key": run.launch.get("profile_key"),
            "run_dir": run.dir, "started": run.launch.get("started"),
            "pid": pid,
-           "alive": run.top_alive() or pulling is not None, "exit": run.exit_info(),
+           "alive": run.top_alive() or starting is not None, "exit": run.exit_info(),
            "served": run.launch.get("served")}
     if isinstance(run.launch.get("attached"), dict):
         row["attached"] = run.launch["attached"]

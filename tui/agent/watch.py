@@ -73,7 +73,8 @@ def cmd_watch(spec: dict) -> int:
     skim = spec_value(spec, "skim", dict, None)
     tail = LogTail(run.log, log_offset, SecretFinder(run.launch.get("secret_hashes"), secrets),
                    None if skim is None else (max(0, spec_value(skim, "head", int)),
-                                              max(0, spec_value(skim, "tail", int))))
+                                              max(0, spec_value(skim, "tail", int))),
+                   follow=isinstance((run.attached or {}).get("log"), str))
     watcher = Watcher(run, use_pidfd, tail, gpus, health, intervals,
                       secrets, secret_env if found is None else [], disk_low)
     watcher.loop()

@@ -96,9 +96,9 @@ def build_server_argv(profile: Profile, python: str) -> list[str]:
     spec_args = ["--speculative-config", spec] if spec is not None else []
     sized = ["--port", str(server.port), "--tensor-parallel-size", str(server.tensor_parallel_size)]
     sim = profile.simulate
-    if sim is not None:
-        return [python, "-m", "tui.sim.engine", "serve", str(server.model), *sized, *spec_args,
-                *server.args, *_sim_args(sim)]
+    if sim is not None:  # it binds `listen` as vLLM does (its default is every address too)
+        return [python, "-m", "tui.sim.engine", "serve", str(server.model), *sized, "--host",
+                server.listen, *spec_args, *server.args, *_sim_args(sim)]
     return [*(server.executable or ("vllm", "serve")), str(server.model), "--port",
             str(server.port), "--host", server.listen,
             "--tensor-parallel-size", str(server.tensor_parallel_size), *spec_args, *server.args]

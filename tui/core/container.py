@@ -1,18 +1,24 @@
 """A containerised server: the `docker run` / `podman run` options a profile's [container]
 asks for, as argv elements (never shell text), and the spec the agent starts it from.
 
-The agent (on the host, outside the container) adds what only the host knows: the run
-directory's bind mount, where the server's output is appended to server.log, and, for
+The agent (on the host, outside the container) adds what only the host knows: the bind mount
+of the run's server.log (that file alone), where the server's output is appended, and, for
 entrypoint = "image", the image's own ENTRYPOINT read with `docker image inspect`.
-Every environment variable is passed as `-e NAME` without a value: the runtime's client takes
-the value from its own environment, which the agent sets, so no value (a secret) is ever on a
-command line that `ps` shows.
+An environment variable is passed as `-e NAME` without a value: the runtime's client takes the
+value from its own environment, which the agent sets, so no value is on a command line that
+`ps` shows. A secret's value is not passed that way at all (the runtime would keep it in the
+container's Config.Env, which `inspect` prints): the agent hands it over in a file the
+container's wrapper reads and empties (tui/agent/container.py).
+
+The server inside listens on every address of the container; the port is published on the
+host at the profile's `listen` address only (`-p 127.0.0.1:PORT:PORT` for a loopback listen).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 from tui.core.profile import ContainerConfig, Profile
 from tui.core.protocol import Check
@@ -47,25 +53,61 @@ def gpu_args(config: ContainerConfig) -> list[str]:
 
 
 def _publishes_host_network(run_args: Iterable[str]) -> bool:
-    words = list(run_args)
-    return any(w in ("--network=host", "--net=host") or
-               (w in ("--network", "--net") and i + 1 < len(words) and words[i + 1] == "host")
-               for i, w in enumerate(words))
+    return _option(list(run_args), "--network") == "host" or \
+        _option(list(run_args), "--net") == "host"
 
 
-def run_options(profile: Profile, run_id: str, env_names: Iterable[str]) -> list[str]:
-    """Everything between `docker run -d` and the image, except the run directory's mount:
-    name, labels, --init, environment names, port, GPUs, IPC, volumes, the profile's own."""
+# Where the server binds inside a container whose port is published: every address of the
+# container's own network namespace (its loopback is not the host's).
+INSIDE_LISTEN = "0.0.0.0"
+_ANY_ADDRESS = ("0.0.0.0", "::", "")
+_LOOPBACK_NAMES = {"localhost": "127.0.0.1", "ip6-localhost": "::1"}
+
+
+def publish_args(profile: Profile) -> list[str]:
+    """`-p [ADDRESS:]PORT:PORT`: the server's port on the host, at the profile's `listen`
+    address only (every address when it listens on all); nothing on the host's network."""
+    config = profile.container
+    if config is None or _publishes_host_network(config.run_args):
+        return []
+    port = profile.server.port
+    address = _LOOPBACK_NAMES.get(profile.server.listen, profile.server.listen)
+    if address in _ANY_ADDRESS:
+        return ["-p", f"{port}:{port}"]
+    return ["-p", f"[{address}]:{port}:{port}" if ":" in address else f"{address}:{port}:{port}"]
+
+
+def inside_profile(profile: Profile) -> Profile:
+    """The profile the server's command inside the container is built from: listening on
+    every address of the container when its port is published (the published address is
+    `listen`, on the host); on the host's network, as it is."""
+    config = profile.container
+    if config is None or _publishes_host_network(config.run_args):
+        return profile
+    return replace(profile, server=replace(profile.server, listen=INSIDE_LISTEN))
+
+
+def secret_names(env: Mapping[str, str], secrets: Iterable[str]) -> list[str]:
+    """The names in `env` whose value holds a secret (tui.core.command.known_secrets): passed
+    to the container in a file, never as `-e NAME`."""
+    values = [s for s in secrets if s]
+    return [name for name, value in env.items() if any(s in value for s in values)]
+
+
+def run_options(profile: Profile, run_id: str, env_names: Iterable[str],
+                secret_env: Iterable[str] = ()) -> list[str]:
+    """Everything between `docker run -d` and the image, except the run's mounts: name,
+    labels, --init, environment names (not the secret ones), port, GPUs, IPC, volumes, the
+    profile's own."""
     config = profile.container
     assert config is not None, "run_options needs a profile with [container]"
-    names = dict.fromkeys([*env_names, RUN_ID_ENV])
+    hidden = set(secret_env)
+    names = dict.fromkeys([*(n for n in env_names if n not in hidden), RUN_ID_ENV])
     options = ["--name", container_name(run_id), "--label", f"{LABEL_RUN}={run_id}",
                "--label", f"{LABEL_PROFILE}={profile.key}", "--init"]
     for name in names:
         options += ["-e", name]
-    if not _publishes_host_network(config.run_args):
-        port = profile.server.port
-        options += ["-p", f"{port}:{port}"]
+    options += publish_args(profile)
     options += gpu_args(config)
     if config.ipc is not None:
         options += ["--ipc", config.ipc]
@@ -93,18 +135,20 @@ def image_args(profile: Profile, argv: list[str]) -> list[str]:
 
 
 def container_spec(profile: Profile, run_id: str, server_argv: list[str],
-                   env_names: Iterable[str]) -> dict[str, object]:
+                   env: Mapping[str, str], secrets: Iterable[str] = ()) -> dict[str, object]:
     """The launch spec's `container` part (the agent's tui/agent/container.py reads it);
-    `server_argv` is built with the image's Python (ContainerConfig.python)."""
+    `server_argv` is built with the image's Python (ContainerConfig.python) from
+    inside_profile; `secrets` are the values (known_secrets) whose variables go by file."""
     config = profile.container
     assert config is not None, "container_spec needs a profile with [container]"
     command = (image_args(profile, server_argv) if config.entrypoint == "image"
                else list(server_argv))
+    hidden = secret_names(env, secrets)
     return {"runtime": config.runtime, "name": container_name(run_id),
-            "options": run_options(profile, run_id, env_names), "image": config.image,
+            "options": run_options(profile, run_id, env, hidden), "image": config.image,
             "entrypoint": config.entrypoint, "command": command,
             "profile_label": f"{LABEL_PROFILE}={profile.key}", "mount": RUN_DIR_MOUNT,
-            "pull": config.pull, "python": config.python}
+            "pull": config.pull, "python": config.python, "secret_env": hidden}
 
 
 def shm_bytes(size: str) -> int | None:

@@ -49,6 +49,17 @@ CLASSES: tuple[FailureClass, ...] = (
        "check the image's name and tag, log in to a private registry (`docker login`), and "
        "that the GPU host reaches the registry; or pull it on the host yourself", raw=True,
        fatal=True),
+    _c("container_runtime", "the container runtime failed under the server",
+       r"^specconsole: (?:the (?:docker|podman) daemon (?:restarted|does not answer)"
+       r"|`podman wait` failed|the container \S+ was removed before"
+       r"|the container's monitor failed|cannot start the container: )",
+       "specconsole's own monitor (tui/agent/boxmonitor.py): 'specconsole: the docker daemon "
+       "restarted; the container died with it (exit code N)' when `docker wait` failed and the "
+       "container had ended once the daemon answered again; likewise a container removed under "
+       "it, a `run -d` the runtime refused, or the monitor's own error",
+       "see the runtime's own log (`journalctl -u docker`, dockerd's log): a daemon restarted "
+       "without live-restore stops every container it finds; relaunch once it answers",
+       raw=True, fatal=True),
     _c("syntax", "a Python file does not compile",
        r"^(?:[\w.]+\.)?(?:SyntaxError|IndentationError|TabError)\b",
        "Python itself, importing the model file (vLLM: model_executor/models/registry.py "

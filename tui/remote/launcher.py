@@ -24,7 +24,12 @@ from tui.core.command import (
     served_by,
     sim_agent_env,
 )
-from tui.core.container import container_checks, container_spec, preflight_spec
+from tui.core.container import (
+    container_checks,
+    container_spec,
+    inside_profile,
+    preflight_spec,
+)
 from tui.core.errors import AgentError
 from tui.core.profile import Profile
 from tui.core.protocol import (
@@ -76,9 +81,12 @@ def plan_launch(profile: Profile, environ: Mapping[str, str],
         env[SIM_GPU_STATE_ENV] = sim[SIM_GPU_STATE_ENV]
     run_id = new_run_id(profile.name, now if now is not None else time.time())
     box = profile.container
-    argv = build_server_argv(profile, box.python if box is not None else host_python(profile))
-    container = None if box is None else container_spec(profile, run_id, argv, env)
-    return LaunchPlan(run_id, argv, env, known_secrets(profile, environ), container)
+    known = known_secrets(profile, environ)
+    if box is None:
+        return LaunchPlan(run_id, build_server_argv(profile, host_python(profile)), env, known)
+    argv = build_server_argv(inside_profile(profile), box.python)
+    return LaunchPlan(run_id, argv, env, known,
+                      container_spec(profile, run_id, argv, env, known))
 
 
 async def launch(session: Session, profile: Profile, plan: LaunchPlan) -> Launched:
