@@ -212,3 +212,18 @@ def test_a_worker_that_died_of_its_own_error_is_explained_by_it() -> None:
     ex = explain([*START, *SERVING, *own])
     assert ex.root_cause is not None and ex.root_cause.line == IMA
     assert ex.root_cause.signal is None
+
+
+def test_an_engines_failure_raised_through_a_request_is_the_servers_death() -> None:
+    """An in-process engine (V0's AsyncLLMEngine) raises its CUDA error through the request
+    that was running: the class says it is the engine's, not one request's."""
+    log = [*START, *SERVING,
+           "ERROR 06-01 10:12:41 [serving_completion.py:380] Error in completion stream",
+           "ERROR 06-01 10:12:41 [serving_completion.py:380] Traceback (most recent call last):",
+           'ERROR 06-01 10:12:41 [serving_completion.py:380]   File "/venv/lib/python3.12/site-'
+           'packages/vllm/entrypoints/openai/serving_completion.py", line 350, in '
+           "completion_stream_generator",
+           f"ERROR 06-01 10:12:41 [serving_completion.py:380] {IMA}"]
+    ex = explain(log)
+    assert ex.outcome == "crashed" and ex.root_cause is not None
+    assert ex.root_cause.line == IMA and ex.requests_failed == 0

@@ -193,6 +193,17 @@ _REQUEST_FRAME_RE = re.compile(
     r"|/(?:tool_parsers?|function_call|reasoning)/\w+\.py")
 _REQUEST_HEADER_RE = re.compile(r"Exception in ASGI application")
 
+# Failure classes that are the engine's, wherever they are raised: an in-process engine (V0's
+# AsyncLLMEngine, an offline LLM) raises its death through the request that was running.
+_ENGINE_CLASSES = frozenset({"oom", "nccl", "native_crash", "device_assert", "cuda_env",
+                             "killed"})
+
+
+def _engine_failure(text: str) -> bool:
+    kind = classify(text)
+    return kind is not None and kind.id in _ENGINE_CLASSES
+
+
 _IN_FRAMES, _AFTER_EXCEPTION = 0, 1
 # The earliest errors are the ones that matter; a server failing every request for days must not
 # grow the tracker without bound.
@@ -719,7 +730,7 @@ class RootCauseTracker:
         if _CONSEQUENCE_RE.match(msg) is not None:
             return
         text = msg.strip()
-        if trace.of_a_request(self.ready_at):
+        if trace.of_a_request(self.ready_at) and not _engine_failure(text):
             self._request_failed(text)
             trace.candidate = _Candidate(text, trace.proc, trace.pid, line.offset, trace.lines,
                                          line.level)  # its message's lines, never a cause
