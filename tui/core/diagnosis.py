@@ -7,7 +7,10 @@ Evidence, by failure class rather than by one log's words:
   throughput and batch lines, a request answered);
 - crashed: a symptom (a process reporting another's death) after the last ready line, or an
   exception, a stated failure, or a traceback cut before its exception line, after which
-  nothing progressed (tui.core.rootcause);
+  nothing progressed (tui.core.rootcause); after READY, what the launch logged before its own
+  READY is the lower tier of candidates (it survived it), and one request's failure (a
+  traceback through the HTTP request cycle, a 5xx answer) is no crash: the server that answered
+  it goes on, and the verdict counts the failed requests;
 - hung: a hang marker (tui.core.failures.HANG_MARKERS) after the last ready line with no
   serving since, unless a crash came first (a watchdog that kills its process is still the
   hang's doing);
