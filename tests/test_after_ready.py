@@ -227,3 +227,12 @@ def test_an_engines_failure_raised_through_a_request_is_the_servers_death() -> N
     ex = explain(log)
     assert ex.outcome == "crashed" and ex.root_cause is not None
     assert ex.root_cause.line == IMA and ex.requests_failed == 0
+
+
+def test_a_parsers_error_record_over_a_requests_traceback_is_no_crash_without_a_500() -> None:
+    """A streamed answer has no 5xx to show the server went on: the tool parser's own ERROR
+    record heading the request's traceback is that request's, neither cause nor evidence."""
+    ex = explain([*START, *SERVING, *TOOL_PARSER])
+    assert ex.outcome == "ready" and ex.root_cause is None and ex.requests_failed == 1
+    assert ex.first_failed_request is not None
+    assert ex.first_failed_request.startswith("json.decoder.JSONDecodeError: Unterminated")

@@ -364,6 +364,7 @@ class RootCauseTracker:
         self.last_exception_offset = -1
         self.last_cut_offset = -1  # where the last traceback without an exception line began
         self._failure_offsets: list[int] = []  # of each exception, symptom and cut, in order
+        self._evidence: list[int] = []  # of each candidate that shows a crash, in order
         # shapes (tui.core.ranking.shape) of errors that launches of this profile logged and
         # survived to READY: never the cause while another is known
         self.survived: frozenset[str] = frozenset()
@@ -655,7 +656,7 @@ class RootCauseTracker:
     def _cut(self, trace: _Trace) -> None:
         if trace.of_a_request(self.ready_at):
             self._request_failed(f"a traceback cut before its exception line, in "
-                                 f"{_Cut(trace).deepest()}")
+                                 f"{_Cut(trace).deepest()}", trace)
             trace.frames = []
             return
         if len(self._cuts) < _MAX_CANDIDATES:
@@ -731,7 +732,7 @@ class RootCauseTracker:
             return
         text = msg.strip()
         if trace.of_a_request(self.ready_at) and not _engine_failure(text):
-            self._request_failed(text)
+            self._request_failed(text, trace)
             trace.candidate = _Candidate(text, trace.proc, trace.pid, line.offset, trace.lines,
                                          line.level)  # its message's lines, never a cause
             return
@@ -745,7 +746,16 @@ class RootCauseTracker:
         if trace.candidate is not None:
             trace.candidate.traceback_end = True
 
-    def _request_failed(self, text: str) -> None:
+    def _request_failed(self, text: str, trace: _Trace) -> None:
+        preface = trace.preface
+        if preface is not None and not preface.dropped:
+            # the handler's own words for that request's failure: no cause, no evidence
+            preface.dropped = True
+            if preface.offset in self._evidence:
+                self._evidence.remove(preface.offset)
+                if preface.offset in self._failure_offsets:
+                    self._failure_offsets.remove(preface.offset)
+                self.last_exception_offset = self._evidence[-1] if self._evidence else -1
         self.requests_failed += 1
         if self.first_request_failure is None:
             self.first_request_failure = text
@@ -767,6 +777,7 @@ class RootCauseTracker:
         if evidence:
             self.last_exception_offset = line.offset
             self._failed_at(line.offset)
+            self._evidence.append(line.offset)
         return cand
 
     def _symptom(self, line: LogLine, msg: str) -> bool:
