@@ -348,6 +348,8 @@ class RootCauseTracker:
         self._symptoms: dict[str, None] = {}
         self._death: tuple[int, str] | None = None
         self._death_signal: signal.Signals | None = None
+        self._read_to = -1  # the offset of the last line read (fed or passed over)
+        self._death_read_to = -1  # ... when the first death was noted
         # the first death the log itself reports with its status (name, signal or None, where)
         self._reported: tuple[str, signal.Signals | None, int] | None = None
         self._process_header: str | None = None
@@ -386,6 +388,7 @@ class RootCauseTracker:
         if self._death is None:
             self._death = (pid, name)
             self._death_signal = signal_of(-sig) if sig else None
+            self._death_read_to = self._read_to
 
     def cause(self, ranker: Ranker | None = None) -> RootCause | None:
         """The best cause known now: a real exception or stated failure, the best ranked
@@ -431,11 +434,18 @@ class RootCauseTracker:
                    or [c for c in cands if c.proc is not None and c.proc == short])
             if own or self._death_signal is None:
                 return own or cands
-            # ended by a signal with no error of its own: the others' errors are what its
-            # death did to them; a native crash's own words are unprefixed native lines
-            return ([c for c in cands if c.pid is None and c.proc is None
-                     and fatal_statement(c.line)]
-                    if self._death_signal in _NATIVE_SIGNALS else [])
+            # ended by a signal with no error of its own: the others' errors read after it are
+            # what its death did to them, and what the launch survived to READY is none of
+            # it; an error read before it, since READY, may be why it was killed; a native
+            # crash's own words are unprefixed native lines
+            if self._death_signal in _NATIVE_SIGNALS:
+                native = [c for c in cands if c.pid is None and c.proc is None
+                          and fatal_statement(c.line)]
+                if native:
+                    return native
+            return [c for c in cands
+                    if self.ready_at < c.offset <= self._death_read_to
+                    and not tier(c.facts(self.survived, self.ready_at))]
         return cands
 
     def ranked(self, ranker: Ranker | None = None, limit: int | None = None) -> list[RootCause]:
@@ -492,6 +502,7 @@ class RootCauseTracker:
         or end a traceback nor report a symptom (nearly all of a busy log), and the lines a
         noise rule hides (`hidden`, per line), are passed over outside a traceback."""
         feed = self.feed
+        line = None
         for i, line in enumerate(lines):
             if hidden is not None and hidden[i] and not self._open and self._unfinished is None:
                 continue
@@ -502,9 +513,12 @@ class RootCauseTracker:
                         or "died" in msg or 'File "' in msg):
                     continue
             feed(line)
+        if line is not None:
+            self._read_to = line.offset
 
     def feed(self, line: LogLine) -> None:
         msg = line.message
+        self._read_to = line.offset
         key = line.pid if line.pid is not None else line.proc
         if self._unfinished is not None and self._message_goes_on(key, msg):
             return
