@@ -163,6 +163,7 @@ _CONTAINER = {
 
 
 def _check_beside(values: dict[str, Any]) -> None:
+    """What [container] does not combine with yet, said where it is written."""
     if values.get("nodes"):
         raise _Invalid("[container] runs on one host: several [[hosts]] are not "
                        "supported with it yet", ".container")
