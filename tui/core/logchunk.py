@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tui.core.failures import CLASSES, HANG_MARKERS
-from tui.core.logline import LogLine, parse_line, parse_lines
+from tui.core.logline import LogLine, Unwrap, parse_line, parse_lines
 from tui.core.logwrap import Segments, WrapLearner
 from tui.core.noise import NoiseFilter, NoiseRule
 from tui.core.phases import answers_a_client, phase_needles
@@ -53,9 +53,12 @@ class LineChunk:
         """The decoded line (made on first use, then kept)."""
         line = self._lines.get(i)
         if line is None:
-            unwrap = self.wrappers[bisect.bisect_right(self.wrappers, i, key=_first) - 1][1]
-            line = self._lines[i] = parse_line(self.raws[i], self.offsets[i], unwrap)
+            line = self._lines[i] = parse_line(self.raws[i], self.offsets[i], self.unwrap_at(i))
         return line
+
+    def unwrap_at(self, i: int) -> Unwrap | None:
+        """The split of the wrapper line `i` carries (None: no wrapper)."""
+        return self.wrappers[bisect.bisect_right(self.wrappers, i, key=_first) - 1][1]
 
     def decode(self, indices: Sequence[int]) -> list[LogLine]:
         """The lines at `indices` (ascending) decoded, each without its wrapper."""
@@ -150,7 +153,8 @@ class ChunkReader:
                 indices = [i for i in indices if i < first] + list(range(first, len(raws)))
             text = "\n".join(raws)
             extra = set() if page else {
-                i for i in (_last_answered(text, self.engine), *self._first_of_new_pids(text))
+                i for i in (_last_answered(text, self.engine, chunk),
+                            *self._first_of_new_pids(text))
                 if i is not None}
             if extra - set(indices):
                 indices = sorted({*indices, *extra})
@@ -205,15 +209,19 @@ def _first(segment: tuple[int, object]) -> int:
     return segment[0]
 
 
-def _last_answered(text: str, engine: str) -> int | None:
+def _last_answered(text: str, engine: str, chunk: LineChunk) -> int | None:
     """The index of the chunk's last uvicorn line (`text`: the chunk's lines joined) for a
     client's POST the server answered (it serves): one is enough, and a 5xx after it (what a
-    server with a dead engine answers) must not hide it. Found with str.rfind, not per line."""
+    server with a dead engine answers) must not hide it. Found with str.rfind, not per line;
+    a line is asked without its wrapper (a CSV export doubles the quotes)."""
     at = text.rfind('"POST ')
     while at >= 0:
         start = text.rfind("\n", 0, at) + 1
         end = text.find("\n", at)
-        if answers_a_client(text[start:end if end >= 0 else len(text)], engine):
-            return text.count("\n", 0, start)
+        index = text.count("\n", 0, start)
+        line = text[start:end if end >= 0 else len(text)]
+        unwrap = chunk.unwrap_at(index)
+        if answers_a_client(line if unwrap is None else unwrap(line)[1], engine):
+            return index
         at = text.rfind('"POST ', 0, start)
     return None

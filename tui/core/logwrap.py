@@ -87,12 +87,12 @@ def head_shapes(text: str) -> list[Key]:
         head = head[:engine.start()]
     if text[-1:].isdigit() and _RICH_TAIL_RE.search(text[-40:]):
         rich = _RICH_HEAD_RE.search(head)
-        if rich is not None:
-            head = head[:rich.start()]
+        if rich is not None:  # (a blank that starts the time column may end a wrapper)
+            head = head[:rich.start() + (head[rich.start()] in " \t")]
     keys: list[Key] = []
     elements: list[str] = []
     depth = quotes = 0
-    anchored = ended = False
+    anchored = ended = field = False
     tokens = list(_TOKEN_RE.finditer(head))[:_HEAD_TOKENS + 1]
     for i, m in enumerate(tokens[:_HEAD_TOKENS]):
         kind = m.lastgroup
@@ -116,11 +116,15 @@ def head_shapes(text: str) -> list[Key]:
         elements.append(element)
         if not anchored or depth:
             continue
-        if element == '"' and quotes and previous == ",":  # a CSV export's quoted line
-            keys.append((*elements[:-1], _QUOTE))
+        if element == '"' and quotes and previous == "," and not field:  # a CSV export's
+            elements[-1] = _QUOTE  # quoted line: what follows is the line (a wrapper in it too)
+            keys.append(tuple(elements))
+            field = True
+            if i + 1 < len(tokens) and tokens[i + 1].lastgroup == "SP":
+                return keys  # the line's own indentation
             continue
         nxt = tokens[i + 1].lastgroup if i + 1 < len(tokens) else None
-        if quotes or nxt != "SP":
+        if (quotes and not field) or nxt != "SP":
             continue
         if (element in _CLOSERS or element in _STAMPS
                 or (element == ":" and previous == "]")
@@ -135,7 +139,7 @@ def _pattern(element: str) -> str:
     if element == SEP:
         return "[ \t]"
     if element == _QUOTE:
-        return '"'
+        return '(?P<field>")'
     found = _CLASSES.get(element)
     return f"(?:{found})" if found is not None else re.escape(element)
 
@@ -149,7 +153,7 @@ class Wrapper:
 
     def __init__(self, key: Key) -> None:
         self.key = key
-        self.quoted = key[-1] == _QUOTE
+        self.quoted = _QUOTE in key
         levels: list[str] = []
         piece: list[str] = []
         for element in key:
@@ -172,7 +176,7 @@ class Wrapper:
             if m is None:
                 return "", line
         lead, rest = line[:m.end()], line[m.end():]
-        if lead[-1:] == '"' and self.quoted:
+        if self.quoted and m.group("field"):
             if rest[-1:] == '"':
                 rest = rest[:-1]
             rest = rest.replace('""', '"')
