@@ -52,7 +52,7 @@ _ANCHORS = frozenset(("TS", "TIME", "MDAY", "DATE", "EPOCH", "LEVEL", "|", "│"
 _CLOSERS = frozenset("])|│>")
 _STAMPED = frozenset(("TS", "TIME", "MDAY", "DATE", "EPOCH"))
 _OPENERS, _SHUTTERS = frozenset("[("), frozenset(")]")
-_AFTER_STAMP = _STAMPED | {"]", "|", "│", "-"}  # a level ends a wrapper right after these
+_AFTER_STAMP = _STAMPED | {"]", "|", "│", "-"}
 SEP = "SEP"  # the one blank that ends a wrapper (the line's own indentation stays)
 _QUOTE = 'CSV"'  # a CSV field's opening quote ends the wrapper: the line is the field
 _HEAD_CHARS = 200
@@ -123,13 +123,18 @@ def head_shapes(text: str) -> list[Key]:
             if i + 1 < len(tokens) and tokens[i + 1].lastgroup == "SP":
                 return keys  # the line's own indentation
             continue
-        nxt = tokens[i + 1].lastgroup if i + 1 < len(tokens) else None
-        if (quotes and not field) or nxt != "SP":
+        nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+        if (quotes and not field) or nxt is None or nxt.lastgroup != "SP":
             continue
-        if (element in _CLOSERS or element in _STAMPS
-                or (element == ":" and previous == "]")
-                or (element == "-" and previous == "SP")
-                or (element == "LEVEL" and len(elements) > 2 and elements[-3] in _AFTER_STAMP)):
+        if element == "LEVEL":  # a level ends a wrapper right after a stamp or a mark; a
+            if len(nxt.group()) > 1:  # padded level column goes on to the next mark
+                continue
+            ends = len(elements) > 2 and elements[-3] in _AFTER_STAMP
+        else:
+            ends = (element in _CLOSERS or element in _STAMPS
+                    or (element == ":" and previous == "]")
+                    or (element == "-" and previous == "SP"))
+        if ends:
             keys.append((*elements, SEP))
             ended = True
     return keys
@@ -193,12 +198,16 @@ _STEP = 64  # then one line in _STEP (by its index in the log)
 _WINDOW = 32  # the majority is of the last _WINDOW lines seen
 _SHARE = 0.6
 _MIN_LINES = 1  # the first line alone: its own wrapper-shaped start
+_BURST_EVERY = 64 * _DENSE  # a wrapper that stopped fitting: _DENSE lines seen, this seldom
 
 Segments = list[tuple[int, Unwrap | None]]  # (first line of a chunk, the split from there on)
 
 
 class WrapLearner:
-    """Follows one log's lines in order and says which wrapper each line carries."""
+    """Follows one log's lines in order and says which wrapper each line carries. Which lines
+    it looks at depends on the lines before them only: the log's first `_DENSE`, one in
+    `_STEP`, and, when a line seen does not fit the wrapper learnt, the next `_DENSE` (at most
+    once in `_BURST_EVERY` lines), so a wrapper that changes is relearnt within some lines."""
 
     def __init__(self) -> None:
         self.seen = 0  # the index in the log of the next line
@@ -207,6 +216,8 @@ class WrapLearner:
         self._window: deque[list[Key]] = deque()
         self._counts: Counter[Key] = Counter()
         self._compiled: dict[Key, Wrapper] = {}
+        self._dense_until = _DENSE
+        self._next_burst = 0
 
     @property
     def split(self) -> Unwrap | None:
@@ -216,19 +227,26 @@ class WrapLearner:
     def follow(self, raws: Sequence[str]) -> Segments:
         """The next lines of the log: (index into `raws`, split) where the wrapper takes effect,
         the first at 0."""
-        start, n = self.seen, len(raws)
-        self.seen += n
+        start = self.seen
+        end = self.seen = start + len(raws)
         out: Segments = [(0, self.split)]
-        seen = list(range(start, min(start + n, _DENSE)))
-        first = max(start, _DENSE)
-        seen += range(first + (-first) % _STEP, start + n, _STEP)
-        for index in seen:
-            if self._observe(head_shapes(visible(raws[index - start]))):
+        index = start
+        while True:
+            if index >= self._dense_until:
+                index += (-index) % _STEP
+            if index >= end:
+                return out
+            keys = head_shapes(visible(raws[index - start]))
+            if (self.key is not None and self.key not in keys and index >= self._next_burst
+                    and index >= self._dense_until):
+                self._dense_until = index + 1 + _DENSE
+                self._next_burst = index + _BURST_EVERY
+            if self._observe(keys):
                 at = index - start
                 if out[-1][0] == at:
                     out.pop()
                 out.append((at, self.split))
-        return out
+            index += 1
 
     def _observe(self, keys: list[Key]) -> bool:
         """One line's wrapper-shaped starts counted; True when the learnt wrapper changed."""
