@@ -43,6 +43,8 @@ WRAPPERS = {
     "loguru": lambda i: f"2025-03-18 {_stamp(i)}.{i:03d} | INFO     | relay:pump:42 - ",
     "short-iso": lambda i: f"2025-03-18T{_stamp(i)}+0000 gpu-node-3 vllm-serve[931930]: ",
     "box-margin": lambda i: f"│ {_stamp(i)} │ ",
+    "python-default": lambda i: f"2025-03-18 {_stamp(i)},{i:03d} - relay - INFO - ",
+    "zone-name": lambda i: f"2025-03-18 {_stamp(i)}.{i:03d} UTC ",
     "epoch": lambda i: f"{1742296000 + i}.{i:03d} worker-3 ",
     "journald": lambda i: f"Mar 18 {_stamp(i)} gpu-node-3 vllm-serve[931930]: ",
     "kubectl": lambda i: f"2025-03-18T{_stamp(i)}.123456789Z ",

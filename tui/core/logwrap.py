@@ -33,8 +33,8 @@ from tui.core.logline import ESC_RE, Unwrap, visible
 _CLASSES = {
     # ISO 8601 / RFC 3339 date, with `T` or a space before the time, fraction and zone optional
     "TS": r"\d{4}[-/]\d\d[-/]\d\d(?:[T ]\d\d:\d\d(?::\d\d)?(?:[.,]\d+)?)?"
-          r"(?:Z|[+-]\d\d(?::?\d\d)?(?![\d:]))?",
-    "TIME": r"\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d(?!\d))?",
+          r"(?:Z|[+-]\d\d(?::?\d\d)?(?![\d:])| UTC\b| GMT\b)?",
+    "TIME": r"\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d(?!\d)| UTC\b| GMT\b)?",
     "MDAY": r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]?\d(?!\d)",  # syslog's
     "DATE": r"\d\d[-/.]\d\d(?:[-/.]\d\d(?:\d\d)?)?(?![\d:])",  # 05/05/25, 18.03.2025
     "EPOCH": r"1\d{9}(?:\d{3})?(?:\.\d+)?(?!\d)",  # epoch seconds or milliseconds
@@ -133,7 +133,7 @@ def head_shapes(text: str) -> list[Key]:
         else:
             ends = (element in _CLOSERS or element in _STAMPS
                     or (element == ":" and previous == "]")
-                    or (element == "-" and previous == "SP"))
+                    or (element == "-" and previous in ("SP", SEP)))
         if ends:
             keys.append((*elements, SEP))
             ended = True
