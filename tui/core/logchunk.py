@@ -214,14 +214,15 @@ def _last_answered(text: str, engine: str, chunk: LineChunk) -> int | None:
     client's POST the server answered (it serves): one is enough, and a 5xx after it (what a
     server with a dead engine answers) must not hide it. Found with str.rfind, not per line;
     a line is asked without its wrapper (a CSV export doubles the quotes)."""
+    unwrap = chunk.wrappers[0][1]  # one wrapper for the whole chunk, nearly always
     at = text.rfind('"POST ')
     while at >= 0:
         start = text.rfind("\n", 0, at) + 1
         end = text.find("\n", at)
-        index = text.count("\n", 0, start)
         line = text[start:end if end >= 0 else len(text)]
-        unwrap = chunk.unwrap_at(index)
+        if len(chunk.wrappers) > 1:
+            unwrap = chunk.unwrap_at(text.count("\n", 0, start))
         if answers_a_client(line if unwrap is None else unwrap(line)[1], engine):
-            return index
+            return text.count("\n", 0, start)
         at = text.rfind('"POST ', 0, start)
     return None

@@ -12,10 +12,12 @@ bracket, a margin), is peeled from every line it fits. The engines' own line for
 `(Proc pid=N)` and `LEVEL MM-DD HH:MM:SS [file.py:N]`, SGLang's `[date time TP0]`, uvicorn's
 `INFO:`, rich's columns) are never part of it: a line's head ends where one of them starts.
 
-The learner sees lines in order (every one of the first, then one in `_STEP`), by their index
-in the whole log, so a log read in any chunks is peeled the same way: the live console and
+The learner sees lines in order, chosen by their index in the whole log and by the lines
+before them only (every one of the first, then one in `_STEP`, and a burst of them when a line
+stops fitting), so a log read in any chunks is peeled the same way: the live console and
 `explain` agree. It relearns as it reads: the shape is the majority of the last `_WINDOW`
-lines it saw, so a wrapper that appears, changes or stops is followed.
+lines it saw, so a wrapper that appears, changes or stops is followed. The log's first line,
+before any other can agree, is peeled only by a start of its own that holds a stamp.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ _CLOSERS = frozenset("])|│>")
 _STAMPED = frozenset(("TS", "TIME", "MDAY", "DATE", "EPOCH"))
 _OPENERS, _SHUTTERS = frozenset("[("), frozenset(")]")
 _AFTER_STAMP = _STAMPED | {"]", "|", "│", "-"}
-SEP = "SEP"  # the one blank that ends a wrapper (the line's own indentation stays)
+_SEP = "SEP"  # the one blank that ends a wrapper (the line's own indentation stays)
 _QUOTE = 'CSV"'  # a CSV field's opening quote ends the wrapper: the line is the field
 _HEAD_CHARS = 200
 _HEAD_TOKENS = 32
@@ -101,7 +103,7 @@ def head_shapes(text: str) -> list[Key]:
         if ended:  # the blank after a shorter wrapper: one, as the shorter one ends; more is
             if len(m.group()) > 1:  # the line's own indentation: its text has begun
                 return keys
-            element = SEP
+            element = _SEP
         ended = False
         anchored = anchored or element in _ANCHORS
         if element in _OPENERS:
@@ -133,15 +135,15 @@ def head_shapes(text: str) -> list[Key]:
         else:
             ends = (element in _CLOSERS or element in _STAMPS
                     or (element == ":" and previous == "]")
-                    or (element == "-" and previous in ("SP", SEP)))
+                    or (element == "-" and previous in ("SP", _SEP)))
         if ends:
-            keys.append((*elements, SEP))
+            keys.append((*elements, _SEP))
             ended = True
     return keys
 
 
 def _pattern(element: str) -> str:
-    if element == SEP:
+    if element == _SEP:
         return "[ \t]"
     if element == _QUOTE:
         return '(?P<field>")'
@@ -163,7 +165,7 @@ class Wrapper:
         piece: list[str] = []
         for element in key:
             piece.append(_pattern(element))
-            if element in (SEP, _QUOTE):
+            if element in (_SEP, _QUOTE):
                 levels.append("".join(piece))
                 piece = []
         pattern = levels[-1]
