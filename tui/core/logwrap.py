@@ -196,7 +196,7 @@ class Wrapper:
 # -- learning ---------------------------------------------------------------------------------
 
 _DENSE = 64  # the log's first lines: every one is seen
-_STEP = 64  # then one line in _STEP (by its index in the log)
+_STEP = 256  # then one line in _STEP (by its index in the log)
 _WINDOW = 32  # the majority is of the last _WINDOW lines seen
 _SHARE = 0.6
 _MIN_LINES = 1  # the first line alone: its own wrapper-shaped start
