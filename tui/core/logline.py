@@ -331,18 +331,32 @@ def parse_line(raw: str, offset: int = -1, unwrap: Unwrap | None = None) -> LogL
     return line  # type: ignore[return-value]
 
 
+# A line that starts with one of these (no letter, digit, bracket or parenthesis: no wrapper,
+# prefix, level or stamp starts so) and holds no margin, pid, source location, escape or `#`
+# is its own message.
+_BARE_INITIALS = frozenset(" !\"$%&'*+,-./:;<=>?@\\]^`{}~")
+
+
 def parse_lines(pairs: Iterable[tuple[int, str]], unwrap: Unwrap | None = None,
                 ) -> list[LogLine]:
     """Decode a chunk of (byte offset, raw line): `parse_line` on each, with the commonest
     shape of a busy log (one known process prefix, then a vLLM or uvicorn header, nothing to
-    strip) taken in one pass of cheap checks, without the general path's branches."""
+    strip) taken in one pass of cheap checks, without the general path's branches; and a line
+    with nothing to decode at all (a traceback's source line, a Python warning's) as it is."""
     out: list[LogLine] = []
     append = out.append
     cache_get = _PREFIX_CACHE.get
     split = _split_header
     headers_get = _HEADERS.get
     initials = _LEVEL_INITIALS
+    bare = _BARE_INITIALS if unwrap is None else frozenset()
     for offset, raw in pairs:
+        if (raw[:1] in bare and raw[:8] != "        " and raw.isprintable() and "#" not in raw
+                and " |" not in raw and " pid=" not in raw[:100] and ".py:" not in raw[:80]):
+            line = _Building(offset, raw, raw, None, None, None, raw.rstrip())
+            line.__class__ = LogLine
+            append(line)  # type: ignore[arg-type]
+            continue
         j = raw.find(") ", 1, 120) if raw[:1] == "(" else -1
         hit = cache_get(raw[:j + 1]) if j > 0 else None
         if (hit is None or raw[j + 2:j + 3] == "(" or raw[-1:] == "\n" or not raw.isprintable()
