@@ -128,3 +128,13 @@ def test_the_reading_does_not_depend_on_the_chunks(chunk: int) -> None:
         _fields(line) for line in whole]
     assert [_fields(line) for line in whole[-100:]] == [
         _fields(parse_line(VLLM[i % len(VLLM)])) for i in range(200, 300)]
+
+
+def test_torchs_own_cpp_log_header_is_never_peeled() -> None:
+    """c10's `[E1001 16:06:04.537131842 ProcessGroupNCCL.cpp:607] ` repeats on an NCCL
+    watchdog's every line, as a wrapper would: it is torch's record, read as written."""
+    raws = [f"[rank2]:[E1001 16:06:{i:02d}.537131842 ProcessGroupNCCL.cpp:607] [Rank 2] "
+            f"Watchdog caught collective operation timeout: WorkNCCL(SeqNum={i})"
+            for i in range(12)]
+    assert WrapLearner().follow(raws) == [(0, None)]
+    assert [_fields(line) for line in _read(raws)] == [_fields(parse_line(raw)) for raw in raws]

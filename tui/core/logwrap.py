@@ -69,6 +69,7 @@ _ENGINE_RE = re.compile(
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):  "  # uvicorn's
     r"|\[[\w./-]+\.py:\d+\] "  # the end of a vLLM header a copy cut
     r"|[\w.-]+:\d+:\d+ \[\d+\] "  # NCCL's `host:pid:tid [device] `
+    r"|\[[IWEF](?:\d{4} \d\d:\d\d:\d\d\.\d+(?: +\d+)?)? ?[\w.]+:\d+\]"  # torch's C++ (c10) log
 )
 # rich's RichHandler columns (a time, or blanks, then the level), on a line that ends with
 # `file.py:N`: its own reader (tui.core.logline) takes the message from between them
