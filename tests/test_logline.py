@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from tui.core.logline import LogLine, keep_colours, parse_line, strip_escapes
+from tui.core.logline import LogLine, keep_colours, parse_line, parse_lines, strip_escapes
 
 CYAN, RESET = "\x1b[1;36m", "\x1b[0;0m"
 
@@ -234,3 +234,15 @@ def test_non_prefix_parentheses_do_not_pollute_later_lines() -> None:
     for _ in range(3):
         assert parse_line("(most recent call) x").proc is None
     assert parse_line("(APIServer pid=5) INFO 01-01 00:00:00 [a.py:1] y").pid == 5
+
+
+def test_the_chunk_path_reads_every_corpus_line_as_the_line_path_does() -> None:
+    """parse_lines' shortcuts (a known prefix and header; a line with nothing to decode) give
+    what parse_line gives, on every line of the real-log corpus (all its shapes), twice: the
+    second time with the prefix and header caches warm."""
+    from pathlib import Path
+
+    raws = [raw for log in sorted((Path(__file__).parent / "corpus" / "logs").glob("*.log"))
+            for raw in log.read_bytes().decode("utf-8", "replace").split("\n")]
+    pairs = list(enumerate(raws * 2))
+    assert parse_lines(pairs) == [parse_line(raw, offset) for offset, raw in pairs]

@@ -9,12 +9,14 @@ way however the log was chunked.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tui.core.failures import CLASSES, HANG_MARKERS
-from tui.core.logline import LogLine, parse_line, parse_lines
+from tui.core.logline import LogLine, Unwrap, parse_line, parse_lines
+from tui.core.logwrap import Segments, WrapLearner
 from tui.core.noise import NoiseFilter, NoiseRule
 from tui.core.phases import answers_a_client, phase_needles
 from tui.core.scanner import CORE_NEEDLES, Scanner, branch_literals, required_literal
@@ -34,13 +36,15 @@ _PID_RE = re.compile(r" pid=(\d+)")
 class LineChunk:
     """Lines [offsets[0], end) of a log: their text, and what was decoded of them."""
 
-    __slots__ = ("_lines", "_rules", "offsets", "phase_starts", "raws")
+    __slots__ = ("_lines", "_rules", "offsets", "phase_starts", "raws", "wrappers")
 
     def __init__(self, offsets: list[int], raws: list[str]) -> None:
         self.offsets, self.raws = offsets, raws
         self._lines: dict[int, LogLine] = {}
         self._rules: dict[int, NoiseRule] = {}
         self.phase_starts: set[int] = set()  # lines that moved the launch to a new phase
+        # the wrapper learnt from the log (tui.core.logwrap), from each line on where it changed
+        self.wrappers: Segments = [(0, None)]
 
     def __len__(self) -> int:
         return len(self.raws)
@@ -49,8 +53,26 @@ class LineChunk:
         """The decoded line (made on first use, then kept)."""
         line = self._lines.get(i)
         if line is None:
-            line = self._lines[i] = parse_line(self.raws[i], self.offsets[i])
+            line = self._lines[i] = parse_line(self.raws[i], self.offsets[i], self.unwrap_at(i))
         return line
+
+    def unwrap_at(self, i: int) -> Unwrap | None:
+        """The split of the wrapper line `i` carries (None: no wrapper)."""
+        return self.wrappers[bisect.bisect_right(self.wrappers, i, key=_first) - 1][1]
+
+    def decode(self, indices: Sequence[int]) -> list[LogLine]:
+        """The lines at `indices` (ascending) decoded, each without its wrapper."""
+        pairs = [(self.offsets[i], self.raws[i]) for i in indices]
+        if len(self.wrappers) == 1:
+            return parse_lines(pairs, self.wrappers[0][1])
+        out: list[LogLine] = []
+        bounds = [*(at for at, _ in self.wrappers[1:]), len(self.raws)]
+        k = 0
+        for (_, unwrap), end in zip(self.wrappers, bounds, strict=True):
+            j = bisect.bisect_left(indices, end, k)
+            out += parse_lines(pairs[k:j], unwrap)
+            k = j
+        return out
 
     def rule(self, i: int) -> NoiseRule | None:
         """The noise rule the line matched (None: shown as it is)."""
@@ -89,6 +111,7 @@ class ChunkReader:
     def __init__(self, engine: str, noise: NoiseFilter, backend: str | None = None) -> None:
         self.noise = noise
         self.engine = engine
+        self.wraps = WrapLearner()  # the log's wrapper, learnt as its lines arrive
         self.pids: set[str] = set()  # process prefixes seen (their pid), over the whole log
         needles = set(CORE_NEEDLES) | (set(phase_needles(engine)) - {_ACCESS})
         # what a raw stderr line or a WARNING may state, and the hang markers: their words
@@ -119,6 +142,7 @@ class ChunkReader:
     def read_chunk(self, chunk: LineChunk, open_traceback: bool, *,
                    page: bool = False) -> ChunkRead:
         raws = chunk.raws
+        chunk.wrappers = [(0, self.wraps.split)] if page else self.wraps.follow(raws)
         scan = self.scanner.scan(raws)
         if self.everything or open_traceback or (raws and _COMPOSE_RE.match(raws[0])):
             indices = list(range(len(raws)))
@@ -129,11 +153,12 @@ class ChunkReader:
                 indices = [i for i in indices if i < first] + list(range(first, len(raws)))
             text = "\n".join(raws)
             extra = set() if page else {
-                i for i in (_last_answered(text, self.engine), *self._first_of_new_pids(text))
+                i for i in (_last_answered(text, self.engine, chunk),
+                            *self._first_of_new_pids(text))
                 if i is not None}
             if extra - set(indices):
                 indices = sorted({*indices, *extra})
-        lines = parse_lines([(chunk.offsets[i], raws[i]) for i in indices])
+        lines = chunk.decode(indices)
         rules = self.noise.match_all(lines)
         if self._source_rule is not None:
             indices, lines, rules = self._warning_sources(chunk, indices, lines, rules)
@@ -163,8 +188,7 @@ class ChunkReader:
         if not fresh:
             return indices, lines, rules
         found = dict(zip(indices, zip(lines, rules, strict=True), strict=True))
-        for i, line in zip(fresh, parse_lines([(chunk.offsets[i], raws[i]) for i in fresh]),
-                           strict=True):
+        for i, line in zip(fresh, chunk.decode(fresh), strict=True):
             found[i] = (line, rule)
         order = sorted(found)
         return order, [found[i][0] for i in order], [found[i][1] for i in order]
@@ -181,15 +205,24 @@ class ChunkReader:
         return sorted(text.count("\n", 0, m.start()) for m in firsts if m is not None)
 
 
-def _last_answered(text: str, engine: str) -> int | None:
+def _first(segment: tuple[int, object]) -> int:
+    return segment[0]
+
+
+def _last_answered(text: str, engine: str, chunk: LineChunk) -> int | None:
     """The index of the chunk's last uvicorn line (`text`: the chunk's lines joined) for a
     client's POST the server answered (it serves): one is enough, and a 5xx after it (what a
-    server with a dead engine answers) must not hide it. Found with str.rfind, not per line."""
+    server with a dead engine answers) must not hide it. Found with str.rfind, not per line;
+    a line is asked without its wrapper (a CSV export doubles the quotes)."""
+    unwrap = chunk.wrappers[0][1]  # one wrapper for the whole chunk, nearly always
     at = text.rfind('"POST ')
     while at >= 0:
         start = text.rfind("\n", 0, at) + 1
         end = text.find("\n", at)
-        if answers_a_client(text[start:end if end >= 0 else len(text)], engine):
+        line = text[start:end if end >= 0 else len(text)]
+        if len(chunk.wrappers) > 1:
+            unwrap = chunk.unwrap_at(text.count("\n", 0, start))
+        if answers_a_client(line if unwrap is None else unwrap(line)[1], engine):
             return text.count("\n", 0, start)
         at = text.rfind('"POST ', 0, start)
     return None

@@ -12,7 +12,7 @@ string checks and one precompiled regex each; the rare ones pay for themselves.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, make_dataclass
 
 # -- escapes ----------------------------------------------------------------------------------
@@ -25,7 +25,7 @@ _ESC_FORMS = (
     r"|\[[0-?]*[ -/]*[@-~]?"  # CSI: cursor moves, screen clear, SGR
     r"|[ -/]*[0-~]?"  # any other ESC sequence, or a lone ESC
 )
-_ESC_RE = re.compile(r"\x1b(?:" + _ESC_FORMS + ")")
+ESC_RE = re.compile(r"\x1b(?:" + _ESC_FORMS + ")")
 _ESC_BUT_SGR_RE = re.compile(r"\x1b(?!\[[0-9;:]*m)(?:" + _ESC_FORMS + ")")
 _C1_FORMS = (
     r"\x9d[^\x07\x9c]*[\x07\x9c]?"  # 8-bit OSC
@@ -44,7 +44,7 @@ def _decode_syslog(s: str) -> str:
 
 def _strip(s: str) -> str:
     if "\x1b" in s:
-        s = _ESC_RE.sub("", s)
+        s = ESC_RE.sub("", s)
         if s.isprintable():
             return s
     return _CONTROL_RE.sub("", s)
@@ -63,6 +63,14 @@ def _last_segment(segs: list[str]) -> tuple[int, str]:
         if (seg if seg.isprintable() else _strip(seg)).strip():
             return index, seg
     return 0, ""
+
+
+def visible(s: str) -> str:
+    """The text of a raw line as a reader sees its start: syslog's `#ooo` decoded, every
+    escape and control character removed (a `\\r` redraw's segments kept, run together)."""
+    if "#" in s and ("#0" in s or "#177" in s):
+        s = _decode_syslog(s)
+    return s if s.isprintable() else _strip(s)
 
 
 def strip_escapes(s: str) -> str:
@@ -88,6 +96,9 @@ def keep_colours(s: str) -> str:
         s = _last_segment(s.split("\r"))[1]
     return _keep_sgr(s)
 
+
+# A learnt wrapper's split of a line: (the wrapper's text, the line it wraps) (tui.core.logwrap)
+Unwrap = Callable[[str], tuple[str, str]]
 
 # -- the line ---------------------------------------------------------------------------------
 
@@ -258,11 +269,17 @@ def _prefixes(s: str) -> tuple[str | None, int | None, int]:
             return proc, pid, pos
 
 
-def parse_line(raw: str, offset: int = -1) -> LogLine:
-    """Decode one raw line (a trailing newline is tolerated)."""
+def parse_line(raw: str, offset: int = -1, unwrap: Unwrap | None = None) -> LogLine:
+    """Decode one raw line (a trailing newline is tolerated). `unwrap`: the wrapper learnt from
+    the log (tui.core.logwrap), which splits a line into the wrapper's text and the line."""
     s = raw.rstrip("\n") if raw[-1:] == "\n" else raw
     if "#" in s and ("#0" in s or "#177" in s):
         s = _decode_syslog(s)
+    lead = ""
+    if unwrap is not None:
+        lead, s = unwrap(s)
+        if lead and not lead.isprintable():
+            lead = _strip(lead)
     if s[13:14] == "," and s[:13].isdigit():  # a log viewer's CSV export (CloudWatch:
         s = s[14:]  # `1756144012376,"<the line>"`, epoch milliseconds, quotes doubled inside)
         if s[:1] == '"' and s[-1:] == '"':
@@ -308,27 +325,43 @@ def parse_line(raw: str, offset: int = -1) -> LogLine:
     level, body = _split_header(body) if body[:1] in _LEVEL_INITIALS else (None, body)
     if level is None and ".py:" in body[:80] and (tail := _HEADER_TAIL_RE.match(body)):
         body = body[tail.end():]
-    line = _Building(offset, raw, plain, proc, pid, level, body.rstrip())
+    line = _Building(offset, raw, lead + plain if lead else plain, proc, pid, level,
+                     body.rstrip())
     line.__class__ = LogLine
     return line  # type: ignore[return-value]
 
 
-def parse_lines(pairs: Iterable[tuple[int, str]]) -> list[LogLine]:
+# A line that starts with one of these (no letter, digit, bracket or parenthesis: no wrapper,
+# prefix, level or stamp starts so) and holds no margin, pid, source location, escape or `#`
+# is its own message.
+_BARE_INITIALS = frozenset(" !\"$%&'*+,-./:;<=>?@\\]^`{}~")
+
+
+def parse_lines(pairs: Iterable[tuple[int, str]], unwrap: Unwrap | None = None,
+                ) -> list[LogLine]:
     """Decode a chunk of (byte offset, raw line): `parse_line` on each, with the commonest
     shape of a busy log (one known process prefix, then a vLLM or uvicorn header, nothing to
-    strip) taken in one pass of cheap checks, without the general path's branches."""
+    strip) taken in one pass of cheap checks, without the general path's branches; and a line
+    with nothing to decode at all (a traceback's source line, a Python warning's) as it is."""
     out: list[LogLine] = []
     append = out.append
     cache_get = _PREFIX_CACHE.get
     split = _split_header
     headers_get = _HEADERS.get
     initials = _LEVEL_INITIALS
+    bare = _BARE_INITIALS if unwrap is None else frozenset()
     for offset, raw in pairs:
+        if (raw[:1] in bare and raw[:8] != "        " and raw.isprintable() and "#" not in raw
+                and " |" not in raw and " pid=" not in raw[:100] and ".py:" not in raw[:80]):
+            line = _Building(offset, raw, raw, None, None, None, raw.rstrip())
+            line.__class__ = LogLine
+            append(line)  # type: ignore[arg-type]
+            continue
         j = raw.find(") ", 1, 120) if raw[:1] == "(" else -1
         hit = cache_get(raw[:j + 1]) if j > 0 else None
         if (hit is None or raw[j + 2:j + 3] == "(" or raw[-1:] == "\n" or not raw.isprintable()
                 or ("#" in raw and ("#0" in raw or "#177" in raw))):
-            append(parse_line(raw, offset))
+            append(parse_line(raw, offset, unwrap))
             continue
         pos = j + 2
         k = raw.find("] ", pos + 14, pos + 100)  # the header's end, if it is one seen before
