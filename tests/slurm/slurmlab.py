@@ -269,7 +269,7 @@ def _alive(pid: int) -> bool:
 
 def _which(tool: str) -> bool:
     return any(os.access(Path(d) / tool, os.X_OK)
-               for d in os.environ.get("PATH", "").split(os.pathsep) + ["/usr/sbin"] if d)
+               for d in [*os.environ.get("PATH", "").split(os.pathsep), "/usr/sbin"] if d)
 
 
 def _tail(path: Path) -> str:

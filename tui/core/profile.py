@@ -868,7 +868,8 @@ def _run_args_conflict(words: Sequence[str]) -> str | None:
 
 _SLURM_WORD = re.compile(r"[^\s'\"\\#]+")
 _SLURM_MEM = re.compile(r"\d+[KMGT]?", re.I)
-_SLURM_GRES = re.compile(r"[A-Za-z0-9_.-]+(?::[A-Za-z0-9_.-]+)*(?:,[A-Za-z0-9_.-]+(?::[A-Za-z0-9_.-]+)*)*")
+_GRES_ONE = r"[A-Za-z0-9_.-]+(?::[A-Za-z0-9_.-]+)*"
+_SLURM_GRES = re.compile(rf"{_GRES_ONE}(?:,{_GRES_ONE})*")
 
 
 def _slurm_word(value: Any) -> str:

@@ -1,0 +1,259 @@
+"""The Slurm lane: the simulated engine launched as a job of a real Slurm cluster (munged,
+slurmctld, one slurmd per node in its own network namespace: slurmlab.py), from the login node
+(this machine, [host] local); the agent reaches the job's node as a step of the job (srun
+--jobid J --overlap). Each test submits through the Supervisor as the console does, and checks
+what the scheduler itself says (scontrol, squeue) beside what specconsole says."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import carriers, next_event, sim_server, until_event
+
+from slurm.conftest import record_figure
+from slurm.slurmlab import Cluster
+from tui.core.describe import death_lines
+from tui.core.errors import PreflightFailed
+from tui.core.profile import load_profile
+from tui.core.state import Died, Ready, Stalled, State
+from tui.supervise.slurmjob import JobAllocated, JobEnded, JobEnding, JobQueued, JobSubmitted
+from tui.supervise.supervisor import Supervisor
+
+
+def slurm_profile(tmp: Path, scenario: str = "ready", *, name: str = "job",
+                  time_limit: str = "5", time_scale: float = 300.0, extra: str = "") -> Path:
+    """A simulated profile launched through Slurm: [host] is this machine (the login node)."""
+    path = tmp / f"{name}.toml"
+    path.write_text(f"""
+[host]
+target = "local"
+python = "{sys.executable}"
+runs_dir = "{tmp / 'runs'}"
+{sim_server(tmp, scenario, time_scale)}
+[slurm]
+partition = "batch"
+time = "{time_limit}"
+job_name = "{name}"
+{extra}
+""")
+    return path
+
+
+def scontrol(job_id: str, cluster: Cluster) -> dict[str, str]:
+    from tui.core.slurm import parse_fields
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=cluster.env,
+                         capture_output=True, text=True, check=True).stdout
+    return parse_fields(out)
+
+
+def _worker(run_id: str, name: str) -> int:
+    for pid in carriers(run_id):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if argv.startswith(f"VLLM::{name}".encode()):
+            return pid
+    raise AssertionError(f"no {name} among {carriers(run_id)}")
+
+
+async def _event(events: asyncio.Queue[Any], kind: type, launching: asyncio.Task[Any],
+                 timeout: float) -> Any:
+    """The next event of `kind`; the launch's own error first if it failed meanwhile."""
+    waiting = asyncio.ensure_future(next_event(events, kind, timeout))
+    await asyncio.wait({waiting, launching}, return_when=asyncio.FIRST_COMPLETED)
+    if launching.done() and launching.exception() is not None and not waiting.done():
+        waiting.cancel()
+        raise launching.exception()
+    return await waiting
+
+
+async def _launch(sup: Supervisor, jobs: list[str]) -> tuple[asyncio.Queue[Any],
+                                                            asyncio.Task[Any], float]:
+    """Submit; the events, the launch under way, and when it was submitted."""
+    events = sup.subscribe()
+    started = time.monotonic()
+    launching = asyncio.ensure_future(sup.launch())
+    submitted = await _event(events, JobSubmitted, launching, 30)
+    jobs.append(submitted.job_id)
+    return events, launching, started
+
+
+async def _ready(sup: Supervisor, jobs: list[str]) -> tuple[float, float]:
+    """Launch and wait for READY: (submit -> running, running -> READY) in seconds."""
+    events, launching, started = await _launch(sup, jobs)
+    await _event(events, JobAllocated, launching, 60)
+    allocated = time.monotonic()
+    await _event(events, Ready, launching, 90)
+    await launching
+    return allocated - started, time.monotonic() - allocated
+
+
+async def test_ready_inside_a_job_then_worker_sigkilled_is_dead_naming_it(
+        tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
+    sup = Supervisor(load_profile(slurm_profile(tmp_path)))
+    events = sup.subscribe()
+    try:
+        to_running, to_ready = await _ready(sup, jobs)
+        job_id = jobs[0]
+        fields = scontrol(job_id, cluster)
+        assert fields["JobState"] == "RUNNING"
+        node = fields["NodeList"]
+        assert sup.job is not None and sup.job.node == node
+        run_dir = Path(sup.run.run_dir)
+        script = (run_dir / "job.sbatch").read_text()
+        assert "#SBATCH --partition=batch" in script and "#SBATCH --time=5" in script
+        assert f"SPECCONSOLE_RUN_ID={sup.run.run_id}" in script
+        # the server runs on the job's node: its network namespace, its hostname
+        top = sup.run.pid
+        assert Path(f"/proc/{top}/ns/net").resolve() != Path("/proc/self/ns/net").resolve()
+        assert os.readlink(f"/proc/{top}/ns/net") == os.readlink(
+            f"/proc/{cluster.slurmd_pid(node)}/ns/net")
+        record_figure("submit -> running (s)", round(to_running, 2))
+        record_figure("running -> READY (s)", round(to_ready, 2))
+        victim = _worker(sup.run.run_id, "Worker_TP3")
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        died = await next_event(events, Died, 30)
+        record_figure("worker SIGKILL -> DEAD in a job (ms)",
+                      round((time.monotonic() - killed_at) * 1000, 1))
+        assert sup.machine.state is State.DEAD
+        assert died.death.process == "Worker_TP3"
+        assert died.death.ended_by is None, "a worker's own death is not the scheduler's"
+        assert "Worker_TP3" in died.death.summary() and "scheduler" not in died.death.summary()
+    finally:
+        if sup.run is not None:
+            await sup.kill(2.0)
+        await sup.close()
+    assert carriers(sup.run.run_id) == []
+    assert scontrol(jobs[0], cluster)["JobState"] in ("CANCELLED", "COMPLETED", "FAILED")
+
+
+async def test_time_limit_ends_the_job_as_timeout_in_words_never_a_crash(
+        tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
+    """A one-minute job: the alert before its end, then the scheduler's TIMEOUT is the
+    verdict (the server's SIGTERM from the scheduler is its doing, not a crash)."""
+    profile = slurm_profile(tmp_path, time_limit="1", extra='alert_before = "50s"')
+    sup = Supervisor(load_profile(profile))
+    events = sup.subscribe()
+    seen: list[Any] = []
+    try:
+        await _ready(sup, jobs)
+        ending = await until_event(events, lambda e: isinstance(e, JobEnding), 60,
+                                   "the time-left alert", seen)
+        assert 0 < ending.left_s <= 50
+        died = await until_event(events, lambda e: isinstance(e, Died), 90, "the death", seen)
+        dead_at = time.time()
+        assert died.death.ended_by is not None, died.death
+        assert died.death.ended_by.startswith("TIMEOUT: the job's 1 min time limit ended it")
+        assert "after READY" in died.death.ended_by
+        lines = death_lines(died.death)
+        assert "was ended by the scheduler" in lines[0] and "signal" not in lines[0]
+        assert lines[1].startswith("root cause: TIMEOUT") and "not a crash" in lines[1]
+        ended = await until_event(events, lambda e: isinstance(e, JobEnded), 60, "the end",
+                                  seen)
+        assert ended.end.state == "TIMEOUT"
+        fields = scontrol(jobs[0], cluster)
+        assert (fields["JobState"], fields["Reason"]) == ("TIMEOUT", "TimeLimit")
+        output = next(Path(sup.run.run_dir).glob("slurm-*.out")).read_text()
+        assert "DUE TO TIME LIMIT" in output
+        end_time = datetime.fromisoformat(fields["EndTime"]).timestamp()
+        record_figure("time limit -> DEAD told as TIMEOUT (s)", round(dead_at - end_time, 2))
+        assert not any(isinstance(e, Stalled) for e in seen)
+    finally:
+        await sup.close()
+    await _gone(sup.run.run_id)
+
+
+async def test_scancel_from_outside_is_cancelled(tmp_path: Path, cluster: Cluster,
+                                                 jobs: list[str]) -> None:
+    sup = Supervisor(load_profile(slurm_profile(tmp_path)))
+    events = sup.subscribe()
+    try:
+        await _ready(sup, jobs)
+        subprocess.run(["scancel", jobs[0]], env=cluster.env, check=True)
+        died = await next_event(events, Died, 30)
+        assert died.death.ended_by is not None, died.death
+        assert died.death.ended_by.startswith(f"CANCELLED: job {jobs[0]} was cancelled")
+        ended = await next_event(events, JobEnded, 30)
+        assert ended.end.state == "CANCELLED"
+        assert scontrol(jobs[0], cluster)["JobState"] == "CANCELLED"
+    finally:
+        await sup.close()
+    await _gone(sup.run.run_id)
+
+
+async def test_second_job_waits_queued_for_resources_then_ready(
+        tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
+    """Every node held by another job: the launch is "queued (Resources)" with the scheduler's
+    words, never a stall and never part of the load's time; READY once the nodes free up."""
+    blocker = subprocess.run(
+        ["sbatch", "--parsable", f"--nodes={len(cluster.nodes)}", "--exclusive",
+         "--time=5", f"--output={tmp_path}/blocker-%j.out", "--wrap", "sleep 300"],
+        env=cluster.env, capture_output=True, text=True, check=True).stdout.strip()
+    jobs.append(blocker)
+    sup = Supervisor(load_profile(slurm_profile(tmp_path)))
+    seen: list[Any] = []
+    try:
+        events, launching, started = await _launch(sup, jobs)
+        queued = await until_event(
+            events, lambda e: isinstance(e, JobQueued) and e.queued.reason == "Resources", 30,
+            "queued (Resources)", seen)
+        assert "queued (Resources: waiting for nodes to free up)" in queued.words()
+        await asyncio.sleep(3)  # queued a while: longer than nothing, never a stall
+        subprocess.run(["scancel", blocker], env=cluster.env, check=True)
+        allocated = await _event(events, JobAllocated, launching, 60)
+        assert allocated.waited_s >= 3
+        await _event(events, Ready, launching, 90)
+        await launching
+        assert sup.machine.launched_at is not None
+        assert sup.machine.launched_at >= time.time() - (time.monotonic() - started) + 3, \
+            "the queue's wait is not part of the launch's time"
+        assert not any(isinstance(e, Stalled) for e in seen)
+        record_figure("queued behind a busy partition -> allocated after the blocker's "
+                      "scancel (s)", round(allocated.waited_s, 1))
+    finally:
+        if sup.run is not None:
+            await sup.kill(2.0)
+        await sup.close()
+    if sup.run is not None:
+        await _gone(sup.run.run_id)
+
+
+async def test_check_asks_the_scheduler(tmp_path: Path, cluster: Cluster) -> None:
+    """`check` on a [slurm] profile: sbatch --test-only's answer, and a request over the
+    partition's limits refused in one line."""
+    good = Supervisor(load_profile(slurm_profile(tmp_path, name="fits")))
+    try:
+        checks = await good.run_preflight()
+    finally:
+        await good.close()
+    slurm_check = next(c for c in checks if c.check == "slurm")
+    assert slurm_check.ok and "would start it at" in slurm_check.message
+    assert "in partition batch" in slurm_check.message
+    too_long = Supervisor(load_profile(slurm_profile(tmp_path, name="long",
+                                                     time_limit="2:00:00")))
+    try:
+        with pytest.raises(PreflightFailed) as refused:
+            await too_long.run_preflight()
+    finally:
+        await too_long.close()
+    assert "slurm: the scheduler refuses the request" in str(refused.value)
+    assert "time limit" in str(refused.value).lower()
+
+
+async def _gone(run_id: str, timeout: float = 15) -> None:
+    """No process carrying the run id is left (the scheduler's end took them all)."""
+    deadline = time.monotonic() + timeout
+    while carriers(run_id) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert carriers(run_id) == []

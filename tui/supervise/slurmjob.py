@@ -1,0 +1,87 @@
+"""A run launched as a Slurm job, as the supervisor follows it: the job's id and node, its
+events (queued with the scheduler's reason, allocated, nearing its time limit, ended), and the
+preflight of a job (the scheduler's own answer to sbatch --test-only).
+
+The supervisor (supervise.supervisor) drives it; the commands are tui.remote.slurm's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tui.core import slurm
+from tui.core.command import secret_checks
+from tui.core.profile import Profile
+from tui.core.protocol import Check
+from tui.core.specconfig import speculative_checks
+from tui.remote import slurm as remote_slurm
+from tui.remote.interface import Session
+
+JOB_POLL_S = 2.0  # how often a running job is asked after (scontrol show job)
+
+
+@dataclass(slots=True)
+class JobRun:
+    """The run's job: its id, the node it runs on once allocated, its latest record."""
+
+    job_id: str
+    script: str | None = None
+    node: str | None = None
+    job: slurm.Job | None = None
+    end: slurm.SchedulerEnd | None = None
+    alerted: bool = False  # the time-left alert was given
+
+
+@dataclass(frozen=True, slots=True)
+class JobSubmitted:
+    job_id: str
+    script: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobQueued:
+    """The job waits in the queue: the scheduler's reason and expected start (never a stall,
+    never part of the load's time)."""
+
+    job_id: str
+    queued: slurm.Queued
+
+    def words(self) -> str:
+        return f"job {self.job_id} {slurm.queued_summary(self.queued)}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobAllocated:
+    job: slurm.Job
+    waited_s: float  # from the submission to the allocation
+
+    def words(self) -> str:
+        return f"job {self.job.job_id} {slurm.allocated_summary(self.job)}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobEnding:
+    """The job's time limit is near (the profile's [slurm].alert_before)."""
+
+    job_id: str
+    left_s: float
+
+    def words(self) -> str:
+        return (f"job {self.job_id} has {slurm.duration_words(self.left_s)} left before its "
+                "time limit ends it")
+
+
+@dataclass(frozen=True, slots=True)
+class JobEnded:
+    end: slurm.SchedulerEnd
+    verdict: str  # the scheduler's end combined with what the agent saw die first
+
+
+async def job_checks(session: Session, profile: Profile) -> tuple[Check, ...]:
+    """The preflight of a job: the scheduler's answer to sbatch --test-only (the partition,
+    the limits, the expected start) as one check, then the profile's own checks (the
+    speculative config, the secrets). The node's GPUs and port are not known before the
+    allocation: those checks are not made."""
+    answer = await remote_slurm.test_only(session, profile)
+    check = Check("slurm", answer.ok, "info" if answer.ok else "error", answer.summary())
+    return (check, *speculative_checks(profile), *secret_checks(profile))
