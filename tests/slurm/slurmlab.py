@@ -38,6 +38,9 @@ PARTITION = "batch"
 URGENT = "urgent"  # the same nodes at a higher PriorityTier: it preempts batch (REQUEUE)
 MAX_TIME_MIN = 30  # the partitions' limit: a request for more is refused
 SLURMD_TIMEOUT_S = 10
+# the directory of the cluster that is up: one at a time (the namespaces' names and the ports
+# are the lane's own, not a run's)
+ACTIVE = Path("/run/specconsole-slurm/active")
 TOOLS = ("munged", "slurmctld", "slurmd", "sinfo", "sbatch", "ip", "unshare", "nsenter")
 
 
@@ -142,7 +145,13 @@ class Cluster:
         if os.geteuid() != 0:
             raise SetupError("the slurm lane needs root (network namespaces, slurmd)")
         started = time.monotonic()
+        other = _active()
+        if other is not None and other != self.workdir:
+            raise SetupError(f"another Slurm lane cluster is up ({other}): take it down first "
+                             f"(python3 tests/slurm/slurmlab.py down {other})")
         self.down()  # whatever a crashed run left
+        ACTIVE.parent.mkdir(parents=True, exist_ok=True)
+        ACTIVE.write_text(str(self.workdir))
         for sub in ("state", "spool", "munge"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
         for node in self.nodes:
@@ -256,6 +265,18 @@ class Cluster:
                 deadline = time.monotonic() + 10  # slurmctld saves its state, then exits
                 while _alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.05)
+        if _active() == self.workdir:
+            ACTIVE.unlink(missing_ok=True)
+
+
+def _active() -> Path | None:
+    """The workdir of the cluster that is up, while its slurmctld lives."""
+    try:
+        workdir = Path(ACTIVE.read_text().strip())
+        pid = int((workdir / "slurmctld.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return workdir if _alive(pid) else None
 
 
 def _alive(pid: int) -> bool:
