@@ -19,6 +19,7 @@ from tui.core.protocol import ProcExit
 from tui.core.slurm import (
     FirstDeath,
     allocated_summary,
+    allocation_end,
     end_verdict,
     expand_nodes,
     job_script,
@@ -317,3 +318,16 @@ def test_our_own_kill_is_never_the_schedulers_end() -> None:
     machine.killing(T0 + 5)
     assert machine.ended_by_scheduler("CANCELLED: job 7 was cancelled (scancel)", T0 + 6) == []
     assert machine.death is None
+
+
+def test_a_requeue_ends_the_runs_allocation() -> None:
+    running = parse_job(TIMEOUT_JOB.replace("JobState=TIMEOUT", "JobState=RUNNING"))
+    assert allocation_end(running, 0, "node-1") is None
+    requeued = parse_job(PENDING_JOB.replace("Restarts=0", "Restarts=1"))
+    end = allocation_end(requeued, 0, "node-1")
+    assert end is not None and end.schedulers_doing
+    assert end.words() == ("REQUEUED: the scheduler took job 21 off node-1 and put it back in "
+                           "the queue (a node's failure or a preemption); the requeued job is "
+                           "not followed")
+    assert allocation_end(parse_job(TIMEOUT_JOB), 0, "node-1") == scheduler_end(
+        parse_job(TIMEOUT_JOB))

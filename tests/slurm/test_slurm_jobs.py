@@ -7,6 +7,7 @@ what the scheduler itself says (scontrol, squeue) beside what specconsole says."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import carriers, next_event, sim_server, until_event
+from helpers import carriers, next_event, sim_profile, sim_server, until_event
 
 from slurm.conftest import record_figure
 from slurm.slurmlab import Cluster
@@ -124,8 +125,7 @@ async def test_ready_inside_a_job_then_worker_sigkilled_is_dead_naming_it(
         os.kill(victim, signal.SIGKILL)
         killed_at = time.monotonic()
         died = await next_event(events, Died, 30)
-        record_figure("worker SIGKILL -> DEAD in a job (ms)",
-                      round((time.monotonic() - killed_at) * 1000, 1))
+        in_job_ms = (time.monotonic() - killed_at) * 1000
         assert sup.machine.state is State.DEAD
         assert died.death.process == "Worker_TP3"
         assert died.death.ended_by is None, "a worker's own death is not the scheduler's"
@@ -136,6 +136,27 @@ async def test_ready_inside_a_job_then_worker_sigkilled_is_dead_naming_it(
         await sup.close()
     assert carriers(sup.run.run_id) == []
     assert scontrol(jobs[0], cluster)["JobState"] in ("CANCELLED", "COMPLETED", "FAILED")
+    bare_ms = await _bare_worker_death_ms(tmp_path)
+    record_figure("worker SIGKILL -> DEAD, in a job / bare (ms)",
+                  f"{in_job_ms:.1f} / {bare_ms:.1f}")
+
+
+async def _bare_worker_death_ms(tmp: Path) -> float:
+    """The same death in a bare launch on this machine, for the figure beside the job's."""
+    bare = Supervisor(load_profile(sim_profile(tmp, "ready", name="bare")))
+    events = bare.subscribe()
+    try:
+        await bare.launch(skip_preflight=True)
+        await next_event(events, Ready, 90)
+        os.kill(_worker(bare.run.run_id, "Worker_TP3"), signal.SIGKILL)
+        killed_at = time.monotonic()
+        died = await next_event(events, Died, 30)
+        assert died.death.process == "Worker_TP3"
+        return (time.monotonic() - killed_at) * 1000
+    finally:
+        if bare.run is not None:
+            await bare.kill(2.0)
+        await bare.close()
 
 
 async def test_time_limit_ends_the_job_as_timeout_in_words_never_a_crash(
@@ -257,3 +278,66 @@ async def _gone(run_id: str, timeout: float = 15) -> None:
     while carriers(run_id) and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
     assert carriers(run_id) == []
+
+
+async def test_slurmd_killed_is_node_fail_naming_the_node(tmp_path: Path, cluster: Cluster,
+                                                          jobs: list[str]) -> None:
+    """The job's node stops answering the scheduler (its slurmd SIGKILLed): after SlurmdTimeout
+    the scheduler ends the job NODE_FAIL, and that is the verdict, naming the node. The
+    processes on a lost node are beyond the scheduler's reach (and so beyond a step's). The
+    job is not requeued (--no-requeue): this cluster requeues a failed node's jobs."""
+    sup = Supervisor(load_profile(slurm_profile(tmp_path,
+                                                extra='sbatch_args = ["--no-requeue"]')))
+    events = sup.subscribe()
+    node = ""
+    try:
+        await _ready(sup, jobs)
+        assert sup.job is not None and sup.job.node is not None
+        node = sup.job.node
+        cluster.kill_slurmd(node)
+        killed_at = time.monotonic()
+        died = await next_event(events, Died, 90)
+        record_figure("slurmd SIGKILL -> DEAD told as NODE_FAIL (s)",
+                      round(time.monotonic() - killed_at, 1))
+        assert died.death.ended_by == f"NODE_FAIL: the scheduler lost node {node}" or (
+            died.death.ended_by or "").startswith(f"NODE_FAIL: the scheduler lost node {node},")
+        ended = await next_event(events, JobEnded, 30)
+        assert ended.end.state == "NODE_FAIL" and ended.end.node == node
+        assert scontrol(jobs[0], cluster)["JobState"] == "NODE_FAIL"
+    finally:
+        await sup.close()
+        for pid in carriers(sup.run.run_id) if sup.run is not None else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # the lost node's leftovers: the lane's cleanup
+        if node:
+            cluster.start_slurmd(node)
+            cluster.wait_idle(60)  # ReturnToService=2: the node is back once it registers
+
+
+async def test_preempted_by_a_higher_priority_partition_is_requeued_in_words(
+        tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
+    """A job of the higher-PriorityTier partition takes every node: the run's job is preempted
+    and requeued (PreemptMode=REQUEUE); the verdict is the scheduler's REQUEUED, naming the
+    node, never a crash."""
+    sup = Supervisor(load_profile(slurm_profile(tmp_path)))
+    events = sup.subscribe()
+    try:
+        await _ready(sup, jobs)
+        assert sup.job is not None
+        node = sup.job.node
+        urgent = subprocess.run(
+            ["sbatch", "--parsable", "--partition=urgent", f"--nodes={len(cluster.nodes)}",
+             "--exclusive", "--time=2", f"--output={tmp_path}/urgent-%j.out", "--wrap",
+             "sleep 20"], env=cluster.env, capture_output=True, text=True,
+            check=True).stdout.strip()
+        jobs.append(urgent)
+        died = await next_event(events, Died, 60)
+        assert (died.death.ended_by or "").startswith(
+            f"REQUEUED: the scheduler took job {jobs[0]} off {node} and put it back in the "
+            "queue"), died.death
+        ended = await next_event(events, JobEnded, 30)
+        assert ended.end.state == "REQUEUED"
+        assert int(scontrol(jobs[0], cluster)["Restarts"]) >= 1
+    finally:
+        await sup.close()
+    await _gone(sup.run.run_id)

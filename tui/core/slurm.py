@@ -24,7 +24,10 @@ JOB_OUTPUT = "slurm-%j.out"  # the batch script's own output (slurmstepd's CANCE
 END_STATES = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
               "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 # The scheduler's ends that are its own doing: the processes it killed are its victims.
-SCHEDULER_ENDS = ("CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+# REQUEUED: not a state of its own (the job is PENDING again, its Restarts counted up): the
+# allocation the run had ended with a node's failure or a preemption (PreemptMode=REQUEUE)
+SCHEDULER_ENDS = ("CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
+                  "REQUEUED")
 
 
 def sbatch_options(profile: Profile, run_dir: str) -> list[str]:
@@ -387,6 +390,10 @@ class SchedulerEnd:
             return f"PREEMPTED: a job of a higher priority took its node{on}{after}"
         if self.state == "OUT_OF_MEMORY":
             return f"OUT_OF_MEMORY: the job's memory limit killed it{on}{after}"
+        if self.state == "REQUEUED":
+            return (f"REQUEUED: the scheduler took job {self.job_id} off {self.node or '?'} and "
+                    f"put it back in the queue (a node's failure or a preemption){after}; "
+                    "the requeued job is not followed")
         if self.state == "BOOT_FAIL":
             return f"BOOT_FAIL: node {self.node or '?'} failed to boot for the job"
         if self.state == "DEADLINE":
@@ -404,6 +411,15 @@ def scheduler_end(job: Job) -> SchedulerEnd | None:
         return None
     return SchedulerEnd(job.state, job.job_id, job.node, job.time_limit_s, job.exit_code,
                         job.exit_signal, job.reason)
+
+
+def allocation_end(job: Job, restarts: int, node: str | None) -> SchedulerEnd | None:
+    """The end of the allocation a run had on `node` (the job's Restarts were `restarts`
+    then): the job's end, or its requeue (back in the queue, Restarts counted up), else None."""
+    end = scheduler_end(job)
+    if end is not None or (job.restarts <= restarts and not job.pending):
+        return end
+    return SchedulerEnd("REQUEUED", job.job_id, node, job.time_limit_s, None, None, job.reason)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,9 +27,19 @@ class JobRun:
     job_id: str
     script: str | None = None
     node: str | None = None
+    restarts: int = 0  # the job's Restarts when the run's allocation began
     job: slurm.Job | None = None
     end: slurm.SchedulerEnd | None = None
     alerted: bool = False  # the time-left alert was given
+
+
+    def end_of(self, job: slurm.Job | None) -> slurm.SchedulerEnd | None:
+        """The end of the run's allocation as `job` tells it (slurm.allocation_end); an end
+        of its own when the scheduler has forgotten the job."""
+        if job is None:
+            return slurm.SchedulerEnd("UNKNOWN", self.job_id, self.node, None, None, None,
+                                      "forgotten by the scheduler")
+        return slurm.allocation_end(job, self.restarts, self.node)
 
 
 @dataclass(frozen=True, slots=True)

@@ -625,7 +625,7 @@ class Supervisor:
         if end is not None:
             self.job.end = end
             raise SpecconsoleError(f"job {sub.job_id} ended before it ran: {end.words()}")
-        self.job.node, self.job.job = job.node, job
+        self.job.node, self.job.job, self.job.restarts = job.node, job, job.restarts
         allocated = JobAllocated(job, self.clock() - submitted_at)
         self._emit([allocated, Notice(allocated.words())])
         self.session = remote_slurm.StepSession(login, sub.job_id, str(job.node))
@@ -669,9 +669,10 @@ class Supervisor:
                 job = await remote_slurm.show_job(await self.login_session(), self.job.job_id)
             except SpecconsoleError:
                 continue  # the login node's link: the watch loop says so
-            if job is None or job.ended:
+            if self.job.end_of(job) is not None:
                 await self._job_over(job)
                 return
+            assert job is not None
             self.job.job = job
             left = job.time_left_s(datetime.now())
             if (left is not None and left <= self.profile.slurm.alert_before
@@ -687,10 +688,9 @@ class Supervisor:
         assert self.job is not None
         if self.job.end is not None:
             return
-        end = slurm.scheduler_end(job) if job is not None else None
-        if end is None:  # forgotten before it was seen ending
-            end = slurm.SchedulerEnd("UNKNOWN", self.job.job_id, self.job.node, None, None,
-                                     None, "forgotten by the scheduler")
+        end = self.job.end_of(job)
+        if end is None:
+            return
         self.job.end, self.job.job = end, job or self.job.job
         for task in self._tasks:
             if task is not asyncio.current_task():
@@ -701,7 +701,7 @@ class Supervisor:
         ready_for = now - self._ready_at if self._ready_at is not None else None
         death = self.machine.death
         ended_at = (job.end_time.timestamp() if job is not None and job.end_time is not None
-                    else now)
+                    and job.ended else now)
         if end.schedulers_doing and (death is None or death.at >= ended_at - 2.0):
             self._emit(self.machine.ended_by_scheduler(end.words(ready_for), now))
             death = self.machine.death
@@ -718,7 +718,7 @@ class Supervisor:
         with contextlib.suppress(SpecconsoleError, asyncio.TimeoutError):
             job = await asyncio.wait_for(
                 remote_slurm.show_job(await self.login_session(), self.job.job_id), 5.0)
-            end = slurm.scheduler_end(job) if job is not None else None
+            end = self.job.end_of(job)
             death = self.machine.death
             if end is not None and end.schedulers_doing and death is not None:
                 ready_for = (death.at - self._ready_at) if self._ready_at is not None else None
@@ -882,7 +882,7 @@ class Supervisor:
             job = await remote_slurm.show_job(await self.login_session(), self.job.job_id)
         except SpecconsoleError:
             return False
-        if job is not None and not job.ended:
+        if self.job.end_of(job) is None:
             return False
         await self._job_over(job)
         return True
