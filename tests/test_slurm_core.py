@@ -23,6 +23,7 @@ from tui.core.slurm import (
     end_verdict,
     expand_nodes,
     job_script,
+    job_words,
     never_starts,
     parse_fields,
     parse_job,
@@ -226,6 +227,15 @@ def test_a_running_jobs_time_left() -> None:
                         .replace("NodeList= ", "NodeList=node-[1-2] "))
     assert running.time_left_s(datetime(2026, 12, 7, 16, 28, 3)) == 90
     assert allocated_summary(running) == "allocated on node-1 (+1)"
+
+
+def test_a_job_in_status_words() -> None:
+    running = parse_job(TIMEOUT_JOB.replace("JobState=TIMEOUT", "JobState=RUNNING")
+                        .replace("TimeLimit=00:01:00", "TimeLimit=04:00:00"))
+    assert job_words(running, datetime(2026, 12, 7, 16, 15, 20)) == (
+        "job 19 RUNNING on node-1, 12 min of 4 h left")
+    assert job_words(parse_job(TIMEOUT_JOB), datetime(2026, 12, 7, 16, 30)) == (
+        "job 19 TIMEOUT on node-1")
 
 
 def test_reasons_that_never_start_by_themselves() -> None:

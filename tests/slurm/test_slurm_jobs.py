@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -341,3 +342,44 @@ async def test_preempted_by_a_higher_priority_partition_is_requeued_in_words(
     finally:
         await sup.close()
     await _gone(sup.run.run_id)
+
+
+def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """`specconsole ARGS` as a user runs it on the login node."""
+    return subprocess.run([sys.executable, "-m", "tui", *args], text=True, capture_output=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+
+
+async def test_the_cli_waits_for_a_job_then_kills_it_from_another_process(
+        tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
+    """`wait --launch` says the job's submission and node, then READY, and leaves the job
+    running; `kill` from another process finds the job from the run directory, kills through
+    a step on its node (verified there), scancels it and waits until it has left the queue;
+    a second `kill` is one line: the job is over."""
+    profile = slurm_profile(tmp_path)
+    waited = _cli("wait", str(profile), "--launch", "--timeout", "90s")
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    job_id = next(w for w in waited.stdout.split() if w.isdigit() and f"submitted job {w}"
+                  in waited.stdout)
+    jobs.append(job_id)
+    assert f"job {job_id} allocated on node-" in waited.stdout
+    assert "READY after" in waited.stdout
+    assert scontrol(job_id, cluster)["JobState"] == "RUNNING", "the job outlives `wait`"
+    status = _cli("status", str(profile))
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert re.search(rf"job {job_id} RUNNING on node-\d, \d+ min( \d+ s)? of 5 min left",
+                     status.stdout), status.stdout
+    killed = _cli("kill", str(profile), "--grace", "2")
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    assert "no process of the run remains" in killed.stdout
+    fields = scontrol(job_id, cluster)
+    assert fields["JobState"] == "CANCELLED"
+    queue = subprocess.run(["squeue", "--noheader", "--jobs", job_id], env=cluster.env,
+                           capture_output=True, text=True).stdout
+    assert queue.strip() == ""
+    run_id = Path(fields["StdOut"]).parent.name
+    assert carriers(run_id) == []
+    again = _cli("kill", str(profile), "--grace", "2")
+    assert again.returncode != 0
+    said = again.stderr.strip().splitlines()
+    assert len(said) == 1 and f"job {job_id} is over (CANCELLED)" in said[0], again.stderr

@@ -345,6 +345,15 @@ def allocated_summary(job: Job) -> str:
     return f"allocated on {job.nodes[0]}{more}"
 
 
+def job_words(job: Job, now: datetime) -> str:
+    """A job in `status`: `job 494583 RUNNING on node-07, 12 min of 4 h left`."""
+    where = f" on {allocated_summary(job).removeprefix('allocated on ')}" if job.nodes else ""
+    left = job.time_left_s(now)
+    limit = (f", {duration_words(left)} of {duration_words(job.time_limit_s)} left"
+             if left is not None and job.time_limit_s else "")
+    return f"job {job.job_id} {job.state}{where}{limit}"
+
+
 def duration_words(seconds: float) -> str:
     """`4 h`, `1 h 30 min`, `58 s`: a time limit or an interval for a sentence."""
     seconds = round(seconds)

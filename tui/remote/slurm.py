@@ -120,6 +120,20 @@ async def submit(session: Session, profile: Profile, plan: LaunchPlan) -> Submit
     return Submitted(plan.run_id, run_dir, job_id, script_path)
 
 
+async def job_of(session: Session, profile: Profile, run_dir: str) -> str | None:
+    """The job id recorded in a run directory (JOB_RECORD), or None when there is none."""
+    done = await session.run([host_python(profile), "-c",
+                              "import sys;sys.stdout.write(open(sys.argv[1]).read())",
+                              f"{run_dir}/{JOB_RECORD}"], timeout=30)
+    if done.returncode != 0:
+        return None
+    try:
+        job_id = json.loads(done.stdout.decode("utf-8", "replace")).get("job_id")
+    except (ValueError, AttributeError):
+        return None
+    return str(job_id) if job_id else None
+
+
 async def hold_for_kill(session: Session, profile: Profile, run_dir: str) -> None:
     """Keep the job after its server ends while the console kills and verifies through a step
     of it (the agent's launch.KILL_HOLD); scancel ends it after."""

@@ -637,6 +637,28 @@ class Supervisor:
         self._begin(now)
         return self.run
 
+    async def _find_job(self, record: RunRecord) -> JobRun:
+        """The job of a run found on the login node (its run directory's record): the
+        session reaches its node as a step while it runs; a run that was never a job, or a
+        job the scheduler has forgotten, is said in one line."""
+        login = await self.login_session()
+        job_id = await remote_slurm.job_of(login, self.profile, record.run_dir)
+        if job_id is None:
+            raise RunNotFound(f"run {record.run_id} of {self.profile.key} records no Slurm job "
+                              f"({record.run_dir})")
+        job = await remote_slurm.show_job(login, job_id)
+        found = JobRun(job_id, f"{record.run_dir}/{slurm.JOB_SCRIPT}",
+                       job.node if job is not None else None,
+                       job.restarts if job is not None else 0, job)
+        found.end = found.end_of(job)
+        if found.end is None and job is not None and job.state != "RUNNING":
+            found.end = slurm.SchedulerEnd(job.state, job_id, job.node, None, None, None,
+                                           job.reason)
+        self.job = found
+        if found.end is None and found.node is not None:
+            self.session = remote_slurm.StepSession(login, job_id, found.node)
+        return found
+
     async def _job_record(self, run_id: str) -> RunRecord:
         """The run as the agent on the job's node sees it, once the job script's agent has
         launched the server there."""
@@ -749,6 +771,8 @@ class Supervisor:
         record = record or await launcher.latest_run(await self.connect(), self.profile)
         if record is None or record.pid is None:
             raise RunNotFound(f"no run of {self.profile.key} on {self.profile.host.target}")
+        if self.profile.slurm is not None:
+            await self._find_job(record)
         started = record.started if record.started is not None else self.clock()
         self.run = RunInfo(record.run_id, record.run_dir, record.pid, started, attached=True,
                            served=record.served, owner=None if record.attached is None
@@ -776,7 +800,12 @@ class Supervisor:
         if self.profile.attach is not None:  # a server launched by others: never launched here
             return await self.attach()
         latest = await launcher.latest_run(await self.connect(), self.profile)
-        if latest is not None and latest.alive:
+        if latest is not None and self.profile.slurm is not None:
+            # a job's run lives on its node: the scheduler says whether it still runs
+            job = await self._find_job(latest)
+            if job.end is None:
+                return await self.attach(latest)
+        elif latest is not None and latest.alive:
             return await self.attach(latest)
         if launch:
             return await self.launch(skip_preflight, kill_leftovers, grace)
@@ -1010,26 +1039,26 @@ class Supervisor:
     async def _kill_job(self, grace: float) -> Killed:
         """A job's run: the agent on its node kills and verifies as on any host (no process of
         the run left, GPU memory released), then scancel, verified by the job leaving the
-        queue. A job already over is only said so: its node is no longer reachable to verify."""
+        queue. A job already over is refused in one line: its node can no longer be reached
+        as a step of it, so nothing could be verified there."""
         assert self.job is not None and self.run is not None
-        self.mark_killing()
         job_id = self.job.job_id
-        killed: Killed | None = None
-        if self.job.end is None:
-            await remote_slurm.hold_for_kill(await self.login_session(), self.profile,
-                                             self.run.run_dir)
-            steps, killed = await launcher.kill(
-                await self.connect(), self.profile, self.run.run_dir, grace,
-                on_step=lambda step: self._emit([KillProgress(step)]))
-            self.last_kill_steps = steps
+        if self.job.end is not None:
+            await remote_slurm.cancel(await self.login_session(), job_id)
+            raise SpecconsoleError(
+                f"job {job_id} is over ({self.job.end.state}): nothing to kill through it, "
+                f"and its node {self.job.node or '?'} cannot be reached as a step of it to "
+                "check for leftovers of the run")
+        self.mark_killing()
+        await remote_slurm.hold_for_kill(await self.login_session(), self.profile,
+                                         self.run.run_dir)
+        steps, killed = await launcher.kill(
+            await self.connect(), self.profile, self.run.run_dir, grace,
+            on_step=lambda step: self._emit([KillProgress(step)]))
+        self.last_kill_steps = steps
         job = await remote_slurm.cancel(await self.login_session(), job_id)
         self._emit([Notice(f"job {job_id} has left the queue ("
                            f"{job.state if job is not None else 'forgotten'})")])
-        if killed is None:
-            self._emit([Notice(f"job {job_id} had ended before the kill: its node cannot be "
-                               "reached to verify that no process of the run is left",
-                               "warning")])
-            killed = Killed((), None, (), self.clock())
         await self._job_over(job)
         self._emit([KillDone(killed), *self.machine.stopped(self.clock())])
         return killed
@@ -1045,6 +1074,9 @@ class Supervisor:
         self.kill_grace = grace
         if self.run is None:
             return await self.start(launch=True, skip_preflight=skip_preflight, grace=grace)
+        if self.job is not None and self.job.end is not None:  # its job is over: resubmit
+            self.reset()
+            return await self.launch(skip_preflight)
         killed = await self.kill(grace)
         if killed.remaining:  # never a second server beside a first that will not die
             raise SpecconsoleError(
