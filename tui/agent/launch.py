@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
