@@ -383,3 +383,34 @@ async def test_the_cli_waits_for_a_job_then_kills_it_from_another_process(
     assert again.returncode != 0
     said = again.stderr.strip().splitlines()
     assert len(said) == 1 and f"job {job_id} is over (CANCELLED)" in said[0], again.stderr
+
+
+async def test_restart_resubmits_live_or_over(tmp_path: Path, cluster: Cluster,
+                                              jobs: list[str]) -> None:
+    """Restart of a live job's run: killed and cancelled as `kill` does, then a new job;
+    restart after the job's end (scancel from outside): a new job at once."""
+    sup = Supervisor(load_profile(slurm_profile(tmp_path)))
+    try:
+        await _ready(sup, jobs)
+        events = sup.subscribe()  # from READY on
+        first = jobs[0]
+        restarting = asyncio.ensure_future(sup.restart(grace=2.0))
+        second = (await _event(events, JobSubmitted, restarting, 60)).job_id
+        jobs.append(second)
+        await _event(events, Ready, restarting, 90)
+        await restarting
+        assert second != first and scontrol(first, cluster)["JobState"] == "CANCELLED"
+        subprocess.run(["scancel", second], env=cluster.env, check=True)
+        await next_event(events, JobEnded, 30)
+        restarting = asyncio.ensure_future(sup.restart(grace=2.0))
+        third = (await _event(events, JobSubmitted, restarting, 60)).job_id
+        jobs.append(third)
+        await _event(events, Ready, restarting, 90)
+        await restarting
+        assert scontrol(third, cluster)["JobState"] == "RUNNING"
+        assert sup.job is not None and sup.job.job_id == third
+    finally:
+        if sup.run is not None and sup.job is not None and sup.job.end is None:
+            await sup.kill(2.0)
+        await sup.close()
+    await _gone(sup.run.run_id)
