@@ -16,8 +16,11 @@ from pathlib import Path
 import pytest
 from helpers import free_port, next_event, wait_for
 
+from tui.agent import attach as agent_attach
+from tui.cli.status import run_state
 from tui.core.attach import attach_profile, attached_words
 from tui.core.profile import AttachTarget
+from tui.core.protocol import PROTOCOL_VERSION, AttachedFacts, RunExit, decode
 from tui.core.state import CauseUpdated, Died, Ready, State
 from tui.supervise.supervisor import Supervisor
 
@@ -150,7 +153,46 @@ def test_kill_of_an_attached_pid_with_yes_kills_it_and_a_reattach_reuses_the_rec
      "pid 4312 (vllm serve m), started 30.0s ago — not launched by specconsole"),
 ])
 def test_attached_words_say_whose_it_is(facts: dict, words: str) -> None:
-    assert attached_words(facts, now=8490.0) == words
+    assert attached_words(AttachedFacts.from_wire(facts), now=8490.0) == words
+
+
+def _agent_facts(kind: str, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """The facts the agent's attach records in launch.json for this very process, as it
+    writes them (a container's from a `docker inspect` answer, the runtime's CLI stubbed)."""
+    if kind == "pid":
+        facts = agent_attach._pid_facts(os.getpid())
+    else:
+        inspect = [{"Id": "c0ffee", "Name": "/vllm-a",
+                    "State": {"Running": True, "Pid": os.getpid(),
+                              "StartedAt": "2026-12-07T10:00:00Z"},
+                    "Config": {"Image": "vllm/vllm-openai",
+                               "Labels": {"com.docker.compose.project": "infer"}}}]
+        monkeypatch.setattr(agent_attach.container, "cli", lambda *argv: subprocess.
+                            CompletedProcess(argv, 0, json.dumps(inspect), ""))
+        facts = agent_attach._container_facts("docker", "vllm-a")
+    return {**facts, "log": None}  # what _record adds before writing launch.json
+
+
+@pytest.mark.parametrize("kind", ["pid", "container"])
+def test_the_attached_facts_travel_typed_and_whole(kind: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    facts = _agent_facts(kind, monkeypatch)
+    line = json.dumps({"v": PROTOCOL_VERSION, "t": "runs", "runs": [{
+        "run_id": "r1", "profile_key": "p@local", "run_dir": "/runs/r1", "started": 1.0,
+        "pid": facts["pid"], "alive": False, "served": None, "attached": facts,
+        "exit": {"pid": facts["pid"], "code": None, "signal": 9, "time": 5.0,
+                 "attached": True}}]})
+    (record,) = decode(line).runs
+    assert isinstance(record.attached, AttachedFacts) and record.attached.kind == kind
+    assert record.attached.to_wire() == facts, "every fact the agent writes is kept"
+    assert record.exit == RunExit(facts["pid"], None, 9, 5.0)
+    assert run_state(record.alive, record.exit) == "exited (signal 9)"
+
+
+def test_odd_attached_facts_are_read_leniently() -> None:
+    facts = AttachedFacts.from_wire({"kind": "pid", "pid": "12", "started": True, "user": 7})
+    assert (facts.pid, facts.started, facts.user, facts.cmd) == (None, None, None, "")
+    assert attached_words(facts, now=10.0) == "pid None — not launched by specconsole"
 
 
 def test_attach_target_is_a_container_or_a_pid() -> None:

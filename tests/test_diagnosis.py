@@ -341,9 +341,13 @@ def test_a_request_refused_after_its_traceback_is_no_death() -> None:
            "value: line 1 column 1 (char 0)",
            'INFO:     10.0.0.5:1886 - "POST /v1/chat/completions HTTP/1.1" 400 Bad Request']
     assert explain(log).outcome == "ready"
-    # a 500 is what a server answers once its engine is dead: no sign of life
-    assert explain([*log[:-1], log[-1].replace("400 Bad Request", "500 Internal Server Error")]
-                   ).outcome == "crashed"
+    # a 500 is that request's failure too (issue 33): the API server that answered it is alive
+    answered_500 = [*log[:-1], log[-1].replace("400 Bad Request", "500 Internal Server Error")]
+    assert explain(answered_500).outcome == "ready"
+    # ... unless the engine says it is dead
+    dead = ("ERROR 02-08 11:19:10 async_llm.py:480] vllm.v1.engine.exceptions.EngineDeadError: "
+            "EngineCore encountered an issue. See stack trace (above) for the root cause.")
+    assert explain([*answered_500, dead]).outcome == "crashed"
 
 
 def test_sglangs_own_warmup_request_is_not_serving() -> None:

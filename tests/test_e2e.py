@@ -339,8 +339,8 @@ def test_explain_a_saved_log(fixture: str, outcome: str, cause: str | None) -> N
     result = _cli("explain", str(ROOT / "tests" / "fixtures" / fixture), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert set(report) == {"outcome", "last_phase", "root_cause", "runner_up", "symptoms", "hidden",
-                           "services"}
+    assert set(report) == {"outcome", "last_phase", "root_cause", "runner_up", "failed_requests",
+                           "symptoms", "hidden", "services"}
     assert report["outcome"] == outcome
     if cause is None:
         assert report["root_cause"] is None

@@ -62,10 +62,11 @@ def test_the_story_crash() -> None:
 def test_to_json_schema() -> None:
     data = explain(CRASH).to_json()
     # the schema grew (issue 15): a cause's class and hint, a cut traceback, per-service verdicts
-    # ... and a runner-up when the ranking was not sure (issue 28)
-    assert list(data) == ["outcome", "last_phase", "root_cause", "runner_up", "symptoms",
-                          "hidden", "services"]
-    assert data["runner_up"] is None
+    # ... and a runner-up when the ranking was not sure (issue 28), the requests that failed
+    # while serving (issue 33)
+    assert list(data) == ["outcome", "last_phase", "root_cause", "runner_up", "failed_requests",
+                          "symptoms", "hidden", "services"]
+    assert data["runner_up"] is None and data["failed_requests"] is None
     assert data["outcome"] == "crashed" and data["last_phase"] == "config"
     assert data["root_cause"] == {
         "line": f"SyntaxError: invalid syntax ({KIMI}, line 12)", "process": "EngineCore_DP0",
@@ -74,7 +75,8 @@ def test_to_json_schema() -> None:
     assert json.loads(json.dumps(data)) == data
     assert explain(READY).to_json()["root_cause"] is None
     assert explain([]).to_json() == {"outcome": "unknown", "last_phase": None, "root_cause": None,
-                                     "runner_up": None, "symptoms": [], "hidden": {},
+                                     "runner_up": None, "failed_requests": None,
+                                     "symptoms": [], "hidden": {},
                                      "services": None}
 
 

@@ -11,6 +11,7 @@ from tui.core.ranking import (
     Ranker,
     parse_weights,
     reasons,
+    shape,
     shipped,
     tier,
 )
@@ -21,10 +22,30 @@ def facts(text: str, *, level: str | None = None, traceback_end: bool = True, we
     return Facts(text, level, traceback_end, weak, elsewhere, False)
 
 
-def test_the_shipped_weights_name_every_feature_and_nothing_else() -> None:
-    weights = parse_weights(WEIGHTS_PATH.read_text())
-    assert set(weights) == set(FEATURES)
-    assert shipped().weights == weights
+def test_the_shipped_weights_are_the_files_numbers_for_every_feature() -> None:
+    """The file read here by hand (a `name number` line each, `#` lines aside), not by the
+    parser under test: the shipped ranker carries exactly those numbers."""
+    written = {}
+    for line in WEIGHTS_PATH.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, value = line.split()
+            written[name] = float(value)
+    assert set(written) == set(FEATURES)
+    assert dict(shipped().weights) == written
+
+
+def test_a_weights_text_parses_to_its_numbers() -> None:
+    text = "# trained on 3 logs\nfirst 1.007\n\nlast -0.95  # a comment\norder -1.5e-2\n"
+    assert parse_weights(text) == {"first": 1.007, "last": -0.95, "order": -0.015}
+
+
+@pytest.mark.parametrize(("line", "masked"), [
+    ("Failed to load plugin vllm_ext: ImportError: libext.so.12: cannot open it",
+     "Failed to load plugin vllm_ext: ImportError: libext.so.#: cannot open it"),
+    ("(pid=4012)  Worker at  0x7f3a2c1b9e50   died", "(pid=#) Worker at # died"),
+])
+def test_a_shape_masks_numbers_and_spacing(line: str, masked: str) -> None:
+    assert shape(line) == masked
 
 
 @pytest.mark.parametrize(("text", "said"), [

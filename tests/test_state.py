@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tui.core.describe import death_lines
 from tui.core.noise import NoiseFilter, builtin_rules
 from tui.core.phases import Phase
 from tui.core.protocol import GpuInfo, Gpus, Health, ProcExit, ProcInfo, Procs, RunExit
@@ -370,3 +371,48 @@ def test_wait_timeout_in_its_place_counts_from_when_watching_began() -> None:
     assert m.tick(T0 + 109) == []
     timed_out = m.tick(T0 + 110)
     assert [e.limit.name for e in timed_out if isinstance(e, ReadyTimedOut)] == ["--timeout"]
+
+
+def test_a_worker_killed_while_serving_is_not_explained_by_its_survivors_errors() -> None:
+    """The agent saw the worker end by SIGKILL; the engine core's `Executor failed.` and a
+    peer's broken pipe are what its death did to them: no cause of its own, so the death says
+    the signal (tui.core.describe), as `explain` does from the log (issue 33)."""
+    core = "(EngineCore_DP0 pid=200) ERROR 06-01 10:12:41 [core.py:710] "
+    after = [f"{core}EngineCore encountered a fatal error.",
+             f"{core}Traceback (most recent call last):",
+             f'{core}  File "/v/vllm/v1/executor/multiproc_executor.py", line 240, in rpc',
+             f"{core}RuntimeError: Executor failed.",
+             "(VllmWorker-2 pid=304) ERROR 06-01 10:12:41 [multiproc_executor.py:610] "
+             "BrokenPipeError: [Errno 32] Broken pipe"]
+    for log_first in (False, True):  # the agent's exit is mostly faster than the log tail
+        m = _machine()
+        _feed(m, STORY[:3], T0 + 1)  # a start-up ERROR it survived (Triton's import)
+        m.feed_health(Health(True, "/v1/models", 200, T0 + 29), T0 + 29)
+        m.feed_health(Health(True, "/health", 200, T0 + 30), T0 + 30)
+        _feed(m, [SERVING_LINE], T0 + 60)
+        exit_ = ProcExit(303, "VllmWorker-1", None, 9, T0 + 3600, False)
+        if log_first:
+            m.feed_lines([(10_000 + i, line) for i, line in enumerate(after)], T0 + 3600)
+        events = m.feed_exit(exit_, T0 + 3600)
+        if not log_first:
+            events += m.feed_lines([(10_000 + i, line) for i, line in enumerate(after)],
+                                   T0 + 3601)
+        assert any(isinstance(e, Died) for e in events)
+        assert m.death is not None and m.death.signal == 9 and m.death.cause is None, log_first
+        assert death_lines(m.death)[1].startswith("root cause: killed by SIGKILL from outside")
+
+
+SERVING_LINE = ("(APIServer pid=100) INFO 12-02 11:00:00 [loggers.py:123] Engine 000: Avg prompt "
+                "throughput: 512.0 tokens/s, Avg generation throughput: 80.0 tokens/s, Running: 4 "
+                "reqs, Waiting: 0 reqs")
+
+
+def test_an_error_read_before_a_signal_death_may_be_why_it_was_killed() -> None:
+    """A script that fails and then kills its child: the child, ended by SIGKILL, wrote
+    nothing; the error read before its death (since READY) is the cause."""
+    m = _machine()
+    _feed(m, ["Traceback (most recent call last):", '  File "/srv/x.py", line 1, in <module>',
+              "ValueError: boom"], T0 + 5)
+    events = m.feed_exit(ProcExit(303, "EngineCore", None, 9, T0 + 6, False), T0 + 6)
+    death = next(e for e in events if isinstance(e, Died)).death
+    assert death.cause is not None and death.cause.line == "ValueError: boom"

@@ -76,14 +76,15 @@ def load(ids: list[str]) -> list[Log]:
         data = path.read_bytes()
         d = diagnose_file(path, meta["engine"])
         cands = d.tracker.candidates()
-        feats = features([c.facts() for c in cands])
+        facts = d.tracker.facts(cands)
+        feats = features(facts)
         right = []
         if meta["outcome"] in ("crashed", "hung") and meta["root_cause"]:
             right = [i for i, c in enumerate(cands)
                      if line_matches(c.offset, c.text(), meta["root_cause"], data)]
         logs.append(Log(log_id, meta["source"], meta, data, d,
                         [[f[n] for n in FEATURES] for f in feats],
-                        [tier(c.facts()) for c in cands], right))
+                        [tier(f) for f in facts], right))
     return logs
 
 

@@ -27,7 +27,7 @@ from tui.core.describe import death_lines
 from tui.core.errors import PreflightFailed
 from tui.core.profile import load_profile
 from tui.core.state import Died, Ready, Stalled, State
-from tui.supervise.slurmjob import JobAllocated, JobEnded, JobEnding, JobQueued, JobSubmitted
+from tui.supervise.events import JobAllocated, JobEnded, JobEnding, JobQueued, JobSubmitted
 from tui.supervise.supervisor import Supervisor
 
 

@@ -22,9 +22,7 @@ from tui.core.describe import death_lines, describe, gpu_verdict, serving_words
 from tui.core.phases import Phase
 from tui.core.state import Death, Died, ProgressChanged, Ready, ReadyTimedOut, Stalled
 from tui.core.units import duration
-from tui.supervise.group import ClusterRun, Joined, MemberEvent, RunDied
-from tui.supervise.supervisor import (
-    CAUSE_GRACE_S,
+from tui.supervise.events import (
     Fatal,
     KillDone,
     LinkLost,
@@ -32,8 +30,9 @@ from tui.supervise.supervisor import (
     Notice,
     RunInfo,
     StacksTaken,
-    Supervisor,
 )
+from tui.supervise.group import ClusterRun, Joined, MemberEvent, RunDied
+from tui.supervise.supervisor import CAUSE_GRACE_S, Supervisor
 
 Say = Callable[..., None]
 

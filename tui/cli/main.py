@@ -39,15 +39,11 @@ from tui.core.profile import (
 from tui.core.protocol import leftover_words
 from tui.core.stacks import stack_lines
 from tui.core.state import LinesAdded, State
+from tui.supervise.events import Fatal, Notice, RunStarted
 from tui.supervise.group import ClusterRun, run_of
 from tui.supervise.history import History, diff
 from tui.supervise.runs import HANGUP_SIGNALS, Run
-from tui.supervise.supervisor import (
-    Fatal,
-    Notice,
-    RunStarted,
-    Supervisor,
-)
+from tui.supervise.supervisor import Supervisor
 
 
 def _err(message: str) -> None:

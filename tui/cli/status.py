@@ -12,7 +12,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
-from typing import Any
 
 from tui.core.describe import serving_words
 from tui.core.errors import SpecconsoleError
@@ -20,7 +19,7 @@ from tui.core.explain import explain
 from tui.core.logline import strip_escapes
 from tui.core.phases import Phase
 from tui.core.profile import Profile
-from tui.core.protocol import RunRecord
+from tui.core.protocol import RunExit, RunRecord
 from tui.core.serving import ServingReadout, ServingSample, parse_log_line
 from tui.core.slurm import job_words
 from tui.core.units import duration
@@ -48,13 +47,13 @@ class RunLine:
     serving: str = ""  # what a READY server does: its figures, one line
 
 
-def run_state(alive: bool, exit_info: dict[str, Any] | None) -> str:
+def run_state(alive: bool, exit_info: RunExit | None) -> str:
     if alive:
         return "alive"
-    if exit_info:
-        if exit_info.get("signal") is not None:
-            return f"exited (signal {exit_info['signal']})"
-        return f"exited (code {exit_info.get('code')})"
+    if exit_info is not None:
+        if exit_info.signal is not None:
+            return f"exited (signal {exit_info.signal})"
+        return f"exited (code {exit_info.code})"
     return "gone"
 
 

@@ -55,8 +55,9 @@ from tui.core.logwindow import DEFAULT_CAP, LogWindow
 from tui.core.protocol import GpuHolder, Leftover, leftover_words
 from tui.core.state import State
 from tui.core.status import status_line
+from tui.supervise.events import StacksTaken
 from tui.supervise.runs import HANGUP_SIGNALS, Member, Run, SingleRun
-from tui.supervise.supervisor import StacksTaken, Supervisor
+from tui.supervise.supervisor import Supervisor
 
 PAGE_BYTES = 256 * 1024  # one scroll-back page fetched from the host
 WINDOW_MARKS = {"dead": "✗ DEAD", "stalled": "⚠ STALLED", "timeout": "⚠ NOT READY",

@@ -55,8 +55,7 @@ from tui.core.state import (
 )
 from tui.core.status import RunView, view_of
 from tui.core.units import duration
-from tui.supervise.history import Launch
-from tui.supervise.supervisor import (
+from tui.supervise.events import (
     AgentHello,
     Fatal,
     GpusSeen,
@@ -73,8 +72,9 @@ from tui.supervise.supervisor import (
     SmokeDone,
     SpecDecodeSeen,
     StacksTaken,
-    Supervisor,
 )
+from tui.supervise.history import Launch
+from tui.supervise.supervisor import Supervisor
 
 SPEC_TREND = 30  # logging intervals kept for the acceptance trend
 SERVING_SERIES = ("running", "waiting", "prompt_tps", "gen_tps", "kv_usage", "prefix_hit")

@@ -11,8 +11,6 @@ follow it on the paths a launched run takes; only the launch is replaced by the 
 
 from __future__ import annotations
 
-from typing import Any
-
 from tui.core.profile import (
     AttachTarget,
     HostConfig,
@@ -21,6 +19,7 @@ from tui.core.profile import (
     ServerConfig,
     SmokeConfig,
 )
+from tui.core.protocol import AttachedFacts
 from tui.core.units import duration
 
 
@@ -37,21 +36,20 @@ def attach_profile(target: AttachTarget, *, host: str = "local", engine: str = "
                    attach=target)
 
 
-def attached_words(facts: dict[str, Any], now: float) -> str:
+def attached_words(facts: AttachedFacts, now: float) -> str:
     """Whose the attached server is, for the confirmation before a kill: "container vllm-a
     (image vllm/vllm-openai, compose project infer), started 2h04m ago, runs as user alice —
     not launched by specconsole"."""
-    started = facts.get("started")
-    ago = f", started {duration(max(0.0, now - started))} ago" \
-        if isinstance(started, (int, float)) else ""
-    user = f", runs as user {facts['user']}" if facts.get("user") else ""
-    if facts.get("kind") == "container":
-        extra = [f"image {facts['image']}"] if facts.get("image") else []
-        if facts.get("compose"):
-            extra.append(f"compose project {facts['compose']}")
+    started = facts.started
+    ago = f", started {duration(max(0.0, now - started))} ago" if started is not None else ""
+    user = f", runs as user {facts.user}" if facts.user else ""
+    if facts.kind == "container":
+        extra = [f"image {facts.image}"] if facts.image else []
+        if facts.compose:
+            extra.append(f"compose project {facts.compose}")
         detail = f" ({', '.join(extra)})" if extra else ""
-        what = f"container {facts.get('name') or facts.get('id') or '?'}{detail}"
+        what = f"container {facts.name or facts.id or '?'}{detail}"
     else:
-        cmd = str(facts.get("cmd") or "")
-        what = f"pid {facts.get('pid')}" + (f" ({cmd[:60]})" if cmd else "")
+        cmd = facts.cmd
+        what = f"pid {facts.pid}" + (f" ({cmd[:60]})" if cmd else "")
     return f"{what}{ago}{user} — not launched by specconsole"

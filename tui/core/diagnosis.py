@@ -7,7 +7,10 @@ Evidence, by failure class rather than by one log's words:
   throughput and batch lines, a request answered);
 - crashed: a symptom (a process reporting another's death) after the last ready line, or an
   exception, a stated failure, or a traceback cut before its exception line, after which
-  nothing progressed (tui.core.rootcause);
+  nothing progressed (tui.core.rootcause); after READY, what the launch logged before its own
+  READY is the lower tier of candidates (it survived it), and one request's failure (a
+  traceback through the HTTP request cycle, a 5xx answer) is no crash: the server that answered
+  it goes on, and the verdict counts the failed requests;
 - hung: a hang marker (tui.core.failures.HANG_MARKERS) after the last ready line with no
   serving since, unless a crash came first (a watchdog that kills its process is still the
   hang's doing);
@@ -46,6 +49,8 @@ RUNNER_UP_MARGIN = 0.5
 _STOP_INITIALS = frozenset("SF[")
 _STOP_RE = re.compile(r"Shutting down$|Finished server process\b"
                       r"|\[shutdown\].*(?:received signal=SIG(?:TERM|INT)|shutdown triggered)")
+# uvicorn's access line of a request answered with a server error (`... HTTP/1.1" 500`)
+_SERVER_ERROR_RE = re.compile(r'" HTTP/1\.\d" 5\d\d\b|HTTP/1\.\d" 5\d\d\b')
 _HANG_NEEDLES = ("block found", "atchdog", "Timeout(ms)", "core engine proc",
                  "placement group of specs")
 
@@ -66,16 +71,22 @@ class Explanation:
     # only reports a failure elsewhere: a user shown two loses a second, shown the wrong one
     # loses the night
     runner_up: RootCause | None = None
+    # requests that failed while the server went on serving (a 5xx answer, a request's
+    # traceback): how many, and the first one's error (or its answer)
+    requests_failed: int = 0
+    first_failed_request: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Stable schema: outcome, last_phase (phase name, lower case), root_cause {line,
         process, missing, deepest_frame, class, hint} or null, runner_up {line, process,
-        reasons} or null, symptoms [str], hidden {rule id: count}, services {name: {outcome,
-        last_phase, root_cause}} or null."""
+        reasons} or null, failed_requests {count, first} or null, symptoms [str], hidden {rule
+        id: count}, services {name: {outcome, last_phase, root_cause}} or null."""
         out = self._verdict_json()
         out["runner_up"] = None if self.runner_up is None else {
             "line": self.runner_up.line, "process": self.runner_up.process,
             "reasons": list(self.runner_up.reasons)}
+        out["failed_requests"] = None if not self.requests_failed else {
+            "count": self.requests_failed, "first": self.first_failed_request}
         out["symptoms"] = list(self.symptoms)
         out["hidden"] = dict(sorted(self.hidden.items()))
         out["services"] = None if self.services is None else {
@@ -112,6 +123,9 @@ class Diagnosis:
     progress_at: int = -1  # ... of the last phase line
     stop_at: int = -1  # ... of the first line of an orderly shutdown after the last ready one
     hang: _Hang | None = None
+    answered_error_at: int = -1  # ... of the last request answered 5xx while serving
+    errors_answered: int = 0
+    first_error_answer: str | None = None
     by_service: bool = True  # False for a service's own diagnosis: it splits no further
     ranker: Ranker | None = None  # the candidates' ranking: the shipped one unless given
     _repeats: dict[str, int] = field(default_factory=dict)
@@ -126,7 +140,6 @@ class Diagnosis:
         """Classify a chunk; the phase hit of each line (None for nearly all), for the
         caller's timeline."""
         hidden = [rule is not None and rule.kind == "hide" for rule in rules]
-        self.tracker.feed_all(lines, hidden)
         hits: list[PhaseHit | None] = [None] * len(lines)
         initials = self._initials
         for i, line in enumerate(lines):
@@ -141,15 +154,29 @@ class Diagnosis:
                 if hit is not None:
                     self._on_phase(hit, line.offset)
                     continue
+                if (self.ready_at >= 0 and " HTTP/1." in msg
+                        and _SERVER_ERROR_RE.search(msg) is not None):
+                    self._answered_error(line)
+                    continue
             head = msg[:400]  # a marker says so at once; a long line is not read further
             for needle in _HANG_NEEDLES:
                 if needle in head:
                     self._on_marker(line)
                     break
 
+        # after the phases: the tracker knows READY before it reads a request's traceback
+        self.tracker.feed_all(lines, hidden)
         if self.by_service:
             self._by_service(lines, rules)
         return hits
+
+    def _answered_error(self, line: LogLine) -> None:
+        """A request answered 5xx while serving: that request failed, and the API server that
+        answered it is alive (the engine's death, if that was why, says so itself)."""
+        self.answered_error_at = line.offset
+        self.errors_answered += 1
+        if self.first_error_answer is None:
+            self.first_error_answer = line.message.strip()
 
     def _on_phase(self, hit: PhaseHit, offset: int) -> None:
         if self.last_phase is None or hit.phase > self.last_phase:
@@ -157,6 +184,8 @@ class Diagnosis:
         self.progress_at = offset
         if hit.phase >= Phase.READY_LOG:
             self.ready_at = offset
+            if self.tracker.ready_at < 0:
+                self.tracker.ready_at = offset
         self._repeats.clear()
 
     def _on_marker(self, line: LogLine) -> None:
@@ -196,7 +225,7 @@ class Diagnosis:
         failed_at = tracker.first_failure_after(self.ready_at)
         crashed = tracker.last_symptom_offset > self.ready_at or (
             tracker.last_failure_offset() > self.ready_at
-            and tracker.last_failure_offset() > self.progress_at)
+            and tracker.last_failure_offset() > max(self.progress_at, self.answered_error_at))
         hang = self.hang
         hung = hang is not None and hang.line.offset > self.ready_at
         if (self.stop_at > self.ready_at >= 0 and not (failed_at > -1 and failed_at < self.stop_at)
@@ -231,8 +260,18 @@ class Diagnosis:
         outcome = self.outcome()
         # unknown: no proof of a crash, but what went wrong so far is worth saying
         cause = self.cause(outcome) if outcome not in ("ready", "stopped") else None
+        count, first = self.failed_requests()
         return Explanation(outcome, self.last_phase, cause, self.tracker.symptoms,
-                           dict(self.noise.hidden), services, self.runner_up(cause))
+                           dict(self.noise.hidden), services, self.runner_up(cause), count,
+                           first)
+
+    def failed_requests(self) -> tuple[int, str | None]:
+        """Requests that failed while serving: the 5xx answers (each request's traceback is
+        answered with one) or, where the log has no access lines, the requests' tracebacks;
+        the first one's error, else its answer."""
+        tracker = self.tracker
+        count = max(self.errors_answered, tracker.requests_failed)
+        return count, tracker.first_request_failure or self.first_error_answer
 
     def runner_up(self, cause: RootCause | None) -> RootCause | None:
         """The second ranked candidate, when the first won narrowly in its tier, won by the
@@ -249,7 +288,8 @@ class Diagnosis:
         close = second.score is not None and (
             cause.score - second.score < RUNNER_UP_MARGIN if second.elsewhere == cause.elsewhere
             else second.score > cause.score)
-        return second if close or cause.elsewhere or second.survived else None
+        return (second if close or cause.elsewhere or second.survived or second.before_ready
+                else None)
 
     def _service_verdicts(self) -> dict[str, Explanation] | None:
         if len(self._services) < 2:

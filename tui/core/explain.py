@@ -114,13 +114,17 @@ def explanation_lines(ex: Explanation, indent: str = "") -> list[str]:
             "root cause" if ex.outcome == "crashed" else "last error")
         if cause.process:
             out.append(f"process:       {cause.process}")
-        if cause.missing:
+        if cause.signal is not None:  # ended by a signal, no error of its own to name
+            out.append(f"{label + ':':<15}{cause.line}")
+        elif cause.missing:
             out.append(f"{label + ':':<15}(not in the log: the traceback was cut before its "
                        "exception line)")
             if cause.deepest_frame:
                 out.append(f"deepest frame: {cause.deepest_frame}")
         else:
             out.append(f"{label + ':':<15}{cause.line}")
+            if cause.deepest_frame:  # faulthandler's stack under a fatal error: where
+                out.append(f"where:         {cause.deepest_frame}")
             if ex.runner_up is not None and cause.reasons:
                 out.append(f"{'':15}(chosen: {'; '.join(cause.reasons)})")
         if cause.kind is not None:
@@ -131,6 +135,10 @@ def explanation_lines(ex: Explanation, indent: str = "") -> list[str]:
         out.append(f"runner-up:     {second.line}")
         if second.reasons:
             out.append(f"{'':15}(considered: {'; '.join(second.reasons)})")
+    if ex.requests_failed:
+        serving = " while the server went on serving" if ex.outcome == "ready" else ""
+        out.append(f"requests:      {ex.requests_failed} failed{serving}; the first: "
+                   f"{ex.first_failed_request}")
     out += [f"symptom:       {symptom}" for symptom in ex.symptoms]
     stated = ([cause.line] if cause is not None and not cause.missing else [])
     said = next(filter(None, map(exit_signal, stated + list(ex.symptoms))), None)

@@ -66,6 +66,16 @@ CLASSES: tuple[FailureClass, ...] = (
        "inspects it in a subprocess; the worker imports it again)",
        "fix the file and line named (a patched model file?); preflight's `compile_files` "
        "catches this before a launch"),
+    _c("build", "a native extension or kernel did not compile",
+       r"^(?:\S*/)?[\w.+-]+\.(?:c|cc|cpp|cxx|cu|cuh|h|hh|hpp|hip|mlir)"
+       r"(?::\d+(?::\d+)?|\(\d+\)): (?:fatal )?error: ",
+       "the C/C++/CUDA compiler (gcc, clang, nvcc, hipcc) that torch's cpp_extension, "
+       "Triton, FlashInfer or DeepGEMM run for a JIT build: 'file.cpp:12:5: error: ...' "
+       "(nvcc: 'file.cu(12): error: ...') on stderr, before the builder's generic "
+       "'RuntimeError: Error building extension' or CalledProcessError",
+       "the first compiler error names the file and line: a toolkit that does not match torch's "
+       "CUDA (nvcc --version), a missing header (install the -dev package), or a kernel built "
+       "for another architecture (TORCH_CUDA_ARCH_LIST)", raw=True, fatal=True),
     _c("oom", "out of device memory",
        r"out of memory|OutOfMemoryError|\bOOM\b|memory allocation failed|NPU out of memory",
        "torch's allocator (torch.OutOfMemoryError 'CUDA out of memory. Tried to allocate'); "
@@ -108,9 +118,21 @@ CLASSES: tuple[FailureClass, ...] = (
        raw=True),
     _c("native_crash", "the process crashed in native code",
        r"Fatal Python error: (?:Segmentation fault|Bus error|Aborted|Floating point exception"
-       r"|Illegal instruction)",
+       r"|Illegal instruction)"
+       # a library's own signal handler that says what the fault was: UCX/UCC ('[host:pid:0:
+       # tid] Caught signal 11 (Segmentation fault: address not mapped ...)' then '====
+       # backtrace ===='). (absl's '*** SIGSEGV received at time=...', Ray's core worker, says
+       # less than faulthandler's line after it: not read as one.)
+       r"|\bCaught signal \d+ \("
+       # glibc's own aborts: heap corruption, the stack protector
+       r"|\*\*\* (?:stack smashing|buffer overflow) detected \*\*\*|double free or corruption"
+       r"|^(?:free|malloc|realloc|munmap_chunk|malloc_consolidate)\(\): \S"
+       r"|^corrupted (?:size vs\. prev_size|double-linked list)",
        "CPython's faulthandler (enabled by vLLM and SGLang workers, and by PYTHONFAULTHANDLER): "
-       "'Fatal Python error: <signal>' then each thread's frames, most recent call first",
+       "'Fatal Python error: <signal>' then each thread's frames, most recent call first; "
+       "UCX's and NCCL's signal handlers ('Caught signal 11 (Segmentation fault: ...)'); glibc "
+       "('*** stack smashing detected ***: terminated', 'double free or corruption (out)', "
+       "'malloc(): ...') before it aborts the process",
        "a C/C++/CUDA extension crashed (the frames below name the Python call that entered "
        "it): a Bus error often means an unreadable memory-mapped file (a checkpoint on a "
        "failing network disk) or a /dev/shm too small for NCCL (docker: --ipc=host or "
@@ -124,7 +146,8 @@ CLASSES: tuple[FailureClass, ...] = (
        "workers, a big CPU swap space): `dmesg | grep -i oom`; lower --swap-space, load fewer "
        "shards at once, or add host memory", raw=True, fatal=True),
     _c("device_assert", "a GPU kernel's assertion failed",
-       r"\.cu:\d+: .*Assertion|device-side assert",
+       r"\.(?:cu|cuh|hip):\d+: .*Assertion|device-side assert"
+       r"|block: \[\d+,\d+,\d+\], thread: \[\d+,\d+,\d+\] Assertion",
        "a kernel's device-side assert(): the CUDA runtime prints 'file.cu:N: function: block: "
        "[..], thread: [..] Assertion `...` failed.' on stderr (torch's ATen kernels: an index "
        "out of bounds, a probability tensor with inf/nan), then torch raises 'RuntimeError: "
@@ -311,18 +334,31 @@ _SIGNAL_WORDS = {
 }
 
 
+def signal_of(code: int) -> signal.Signals | None:
+    """The signal an exit status means: -N (Python's subprocess and multiprocessing) or 128+N
+    (a shell, a container runtime); None for a plain exit."""
+    number = -code if code < 0 else code - 128 if 128 < code < 160 else 0
+    try:
+        return signal.Signals(number)
+    except ValueError:
+        return None
+
+
+def signal_words(sig: signal.Signals) -> str:
+    """`SIGKILL, killed from outside (...)`: the signal and who could have sent it."""
+    words = _SIGNAL_WORDS.get(sig)
+    return sig.name + (f", {words}" if words else "")
+
+
 def exit_signal(text: str) -> str | None:
     """An exit status in `text` that means a signal, in words: `exit code 135 = 128+7: SIGBUS,
     a bus error (...)`, `exit code -9: SIGKILL, ...`; None when there is none (or a plain
     failure, such as exit code 1)."""
     for m in _EXIT_STATUS_RE.finditer(text[:_READ]):
         code = int(m.group(1))
-        number = -code if code < 0 else code - 128 if 128 < code < 160 else 0
-        try:
-            sig = signal.Signals(number)
-        except ValueError:
+        sig = signal_of(code)
+        if sig is None:
             continue
-        how = "" if code < 0 else f" = 128+{number}"
-        words = _SIGNAL_WORDS.get(sig)
-        return f"exit code {code}{how}: {sig.name}" + (f", {words}" if words else "")
+        how = "" if code < 0 else f" = 128+{sig.value}"
+        return f"exit code {code}{how}: {signal_words(sig)}"
     return None

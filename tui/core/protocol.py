@@ -215,18 +215,90 @@ def _served(d: Any) -> Served | None:
                   health=tuple(str(p) for p in d.get("health") or ()))
 
 
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _integer(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True, slots=True)
+class AttachedFacts:
+    """What the agent's attach learned of a server specconsole did not launch, as launch.json
+    records it under `attached` (tui/agent/attach.py writes it): the process, and for a
+    container its runtime, id, name, start, image and compose project. Whose it is, in words:
+    tui.core.attach.attached_words."""
+
+    kind: str  # "pid" or "container"
+    pid: int | None
+    start_ticks: int | None
+    started: float | None  # the process's start, epoch seconds
+    user: str | None
+    pgid: int | None
+    sid: int | None
+    cmd: str  # redacted by the agent
+    log: str | None = None  # the bare process's own log file, read in place
+    runtime: str | None = None  # a container's, from here on
+    id: str | None = None
+    name: str | None = None
+    started_at: str | None = None  # the runtime's StartedAt: the same container, not a new one
+    image: str | None = None
+    compose: str | None = None  # docker compose's project label
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> AttachedFacts:
+        """Read leniently: a missing or mistyped fact is None (launch.json is the host's text)."""
+        started = d.get("started")
+        return cls(kind=str(d.get("kind") or ""), pid=_integer(d.get("pid")),
+                   start_ticks=_integer(d.get("start_ticks")),
+                   started=float(started) if isinstance(started, (int, float))
+                   and not isinstance(started, bool) else None,
+                   user=_text(d.get("user")), pgid=_integer(d.get("pgid")),
+                   sid=_integer(d.get("sid")), cmd=str(d.get("cmd") or ""),
+                   log=_text(d.get("log")), runtime=_text(d.get("runtime")),
+                   id=_text(d.get("id")), name=_text(d.get("name")),
+                   started_at=_text(d.get("started_at")), image=_text(d.get("image")),
+                   compose=_text(d.get("compose")))
+
+    def to_wire(self) -> dict[str, Any]:
+        """The facts as the agent writes them (a container's keys only for a container)."""
+        wire: dict[str, Any] = {
+            "kind": self.kind, "pid": self.pid, "start_ticks": self.start_ticks,
+            "started": self.started, "user": self.user, "pgid": self.pgid, "sid": self.sid,
+            "cmd": self.cmd, "log": self.log}
+        if self.kind == "container":
+            wire |= {"runtime": self.runtime, "id": self.id, "name": self.name,
+                     "started_at": self.started_at, "image": self.image,
+                     "compose": self.compose}
+        return wire
+
+
 @dataclass(frozen=True, slots=True)
 class RunRecord:
+    """A run as the agent lists it (`runs`): its launch.json's facts, alive or how it ended."""
+
     run_id: str
     profile_key: str
     run_dir: str
     started: float | None
     pid: int | None
     alive: bool
-    exit: dict[str, Any] | None
+    exit: RunExit | None  # exit.json: how its top process (or container) ended
     served: Served | None = None
     # a server specconsole did not launch: what was attached (tui.core.attach.attached_words)
-    attached: dict[str, Any] | None = None
+    attached: AttachedFacts | None = None
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> RunRecord:
+        ended = d.get("exit")
+        return cls(run_id=str(d["run_id"]), profile_key=str(d.get("profile_key", "")),
+                   run_dir=str(d["run_dir"]), started=d.get("started"), pid=d.get("pid"),
+                   alive=bool(d.get("alive")),
+                   exit=_run_exit(ended) if isinstance(ended, dict) and ended else None,
+                   served=_served(d.get("served")),
+                   attached=AttachedFacts.from_wire(d["attached"])
+                   if isinstance(d.get("attached"), dict) else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,12 +459,10 @@ def _box_leftover(d: dict[str, Any]) -> BoxLeftover:
                        str(d.get("run_id") or "?"))
 
 
-def _run(d: dict[str, Any]) -> RunRecord:
-    return RunRecord(run_id=str(d["run_id"]), profile_key=str(d.get("profile_key", "")),
-                     run_dir=str(d["run_dir"]), started=d.get("started"), pid=d.get("pid"),
-                     alive=bool(d.get("alive")), exit=d.get("exit"),
-                     served=_served(d.get("served")),
-                     attached=d["attached"] if isinstance(d.get("attached"), dict) else None)
+def _run_exit(d: dict[str, Any]) -> RunExit:
+    return RunExit(d.get("pid"), d.get("code"), d.get("signal"), float(d.get("time") or 0.0),
+                   d.get("oom_killed") is True,
+                   d.get("container") if isinstance(d.get("container"), str) else None)
 
 
 _DECODERS: dict[str, Any] = {
@@ -406,10 +476,7 @@ _DECODERS: dict[str, Any] = {
                                d.get("signal"), float(d["time"]), bool(d.get("top")),
                                _int_or_none(d.get("cpid")), d.get("forked") is True,
                                d.get("parent") if isinstance(d.get("parent"), str) else None),
-    "run_exit": lambda d: RunExit(d.get("pid"), d.get("code"), d.get("signal"),
-                                  float(d.get("time") or 0.0), d.get("oom_killed") is True,
-                                  d.get("container") if isinstance(d.get("container"), str)
-                                  else None),
+    "run_exit": _run_exit,
     "health": lambda d: Health(bool(d["ok"]), str(d.get("path", "")), d.get("status"),
                                float(d["time"])),
     "error": lambda d: AgentFault(str(d.get("kind", "error")), str(d.get("message", "")),
@@ -422,7 +489,7 @@ _DECODERS: dict[str, Any] = {
                                     float(d["time"])),
     "killed": lambda d: Killed(tuple(d.get("remaining") or ()), d.get("gpu_released"),
                                tuple(d.get("gpu_holders") or ()), float(d["time"])),
-    "runs": lambda d: Runs(tuple(_run(r) for r in d.get("runs") or ())),
+    "runs": lambda d: Runs(tuple(RunRecord.from_wire(r) for r in d.get("runs") or ())),
     "metrics": lambda d: Metrics(str(d.get("path", "")), str(d.get("text", "")),
                                  float(d["time"])),
     "disk": lambda d: DiskSpace(str(d.get("level", "ok")),

@@ -8,7 +8,10 @@ One rule stays above the score: a candidate that reports a failure elsewhere (a 
 CalledProcessError, a dead Ray actor, a wrapper's or a library's words, an EOFError or a broken
 pipe to a peer that died), or whose shape (numbers masked) a launch of the same profile also
 logged and survived to READY (`survived`: the launch history's), is chosen only when no other
-is known. The story's case lives
+is known; so is what this launch itself logged before its own READY (`before_ready`: a
+plugin that failed to import, an optional kernel that failed), when it went on to READY and
+died later: a death after READY is explained from what happened after READY, from the first
+launch on. The story's case lives
 there: the model inspection's CalledProcessError comes first, the patched file's SyntaxError
 last, and the corpus's few ranked pairs cannot outweigh that by themselves. The score orders
 the candidates within each tier; across the two tiers it learned "the earliest, unless a
@@ -68,6 +71,7 @@ class Facts:
     elsewhere: bool
     multiline: bool
     survived: bool = False  # a launch of this profile that reached READY logged it too
+    before_ready: bool = False  # this launch logged it before its own READY, and went on
 
 
 def features(cands: Sequence[Facts]) -> list[dict[str, float]]:
@@ -105,11 +109,13 @@ class Ranker:
 
 
 def tier(c: Facts) -> int:
-    """0: a cause in its own right; 1: a report of a failure elsewhere, a pipe to a peer that
-    broke (the peer's death is the cause), or what a good launch survived: chosen only when
-    nothing else is known."""
-    return int(c.weak or c.elsewhere or c.survived
-               or _PEER_GONE_RE.search(c.text[:512]) is not None)
+    """0: a cause in its own right; 1: a report of a failure elsewhere or a pipe to a peer that
+    broke (the peer's death is the cause); 2 and 3: the same two kinds among what a good
+    launch survived (this one before its own READY, or an earlier one of the profile). A tier
+    is chosen only when none before it has a candidate."""
+    survived = c.survived or c.before_ready
+    return 2 * survived + int(c.weak or c.elsewhere
+                              or _PEER_GONE_RE.search(c.text[:512]) is not None)
 
 
 def shape(text: str) -> str:
@@ -152,6 +158,7 @@ REASONS = {
     "multiline": "a message over several lines",
 }
 SURVIVED_WORDS = "also logged by a launch of this profile that reached READY"
+BEFORE_READY_WORDS = "logged before this launch's READY, which it survived"
 
 
 def reasons(ranker: Ranker, feats: Mapping[str, float], count: int = 2) -> list[str]:

@@ -38,6 +38,8 @@ CORE_NEEDLES = (
     "kernel image", "illegal memory", "device-side", "block found", "atchdog", "Timeout(ms)",
     "core engine proc", "Unable to load", "import", "undefined symbol", "Process ", "hit an",
     "Shutting down", "Finished server process", "what():",
+    # native crashes (tui.core.failures native_crash): signal handlers, glibc, faulthandler
+    "Caught signal", "***", "corrupt", "free(", "malloc(", "most recent call first",
 )
 # Lines a serving server writes all the time (stats, spec-decode readouts, batches): of these
 # only a chunk's first (the phase it enters) and last (the state now) are decoded.

@@ -519,7 +519,7 @@ class LaunchMachine:
                 self.pending_exits[ex.pid] = ex
             return [HelperExited(ex)] if failed else []
         cpid = self.container_pids.get(ex.pid)
-        self.tracker.note_death(ex.pid if cpid is None else cpid, ex.name)
+        self.tracker.note_death(ex.pid if cpid is None else cpid, ex.name, ex.signal)
         launched = self.launched_at if self.launched_at is not None else ex.time
         phase = (Phase.SERVING if self.state is State.READY
                  else self.timeline.current.phase if self.timeline and self.timeline.current

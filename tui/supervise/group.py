@@ -26,9 +26,10 @@ from tui.core.state import Death, Died, LinesAdded
 from tui.core.units import duration
 from tui.remote import launcher
 from tui.remote.session import open_session
+from tui.supervise.events import Fatal, Notice, RunInfo
 from tui.supervise.history import History
 from tui.supervise.runs import Member, Run, SingleRun
-from tui.supervise.supervisor import Fatal, Notice, RunInfo, SessionOpener, Supervisor
+from tui.supervise.supervisor import SessionOpener, Supervisor
 
 # how long after a death without a cause another member's death may lend it its cause
 CAUSE_ELSEWHERE_S = 10.0

@@ -1,6 +1,6 @@
-"""A run launched as a Slurm job, as the supervisor follows it: the job's id and node, its
-events (queued with the scheduler's reason, allocated, nearing its time limit, ended), and the
-preflight of a job (the scheduler's own answer to sbatch --test-only).
+"""A run launched as a Slurm job, as the supervisor follows it: the job's id, node and end,
+and the preflight of a job (the scheduler's own answer to sbatch --test-only). Its events
+(queued, allocated, nearing its time limit, ended) are in tui.supervise.events.
 
 The supervisor (supervise.supervisor) drives it; the commands are tui.remote.slurm's.
 """
@@ -40,51 +40,6 @@ class JobRun:
             return slurm.SchedulerEnd("UNKNOWN", self.job_id, self.node, None, None, None,
                                       "forgotten by the scheduler")
         return slurm.allocation_end(job, self.restarts, self.node)
-
-
-@dataclass(frozen=True, slots=True)
-class JobSubmitted:
-    job_id: str
-    script: str
-
-
-@dataclass(frozen=True, slots=True)
-class JobQueued:
-    """The job waits in the queue: the scheduler's reason and expected start (never a stall,
-    never part of the load's time)."""
-
-    job_id: str
-    queued: slurm.Queued
-
-    def words(self) -> str:
-        return f"job {self.job_id} {slurm.queued_summary(self.queued)}"
-
-
-@dataclass(frozen=True, slots=True)
-class JobAllocated:
-    job: slurm.Job
-    waited_s: float  # from the submission to the allocation
-
-    def words(self) -> str:
-        return f"job {self.job.job_id} {slurm.allocated_summary(self.job)}"
-
-
-@dataclass(frozen=True, slots=True)
-class JobEnding:
-    """The job's time limit is near (the profile's [slurm].alert_before)."""
-
-    job_id: str
-    left_s: float
-
-    def words(self) -> str:
-        return (f"job {self.job_id} has {slurm.duration_words(self.left_s)} left before its "
-                "time limit ends it")
-
-
-@dataclass(frozen=True, slots=True)
-class JobEnded:
-    end: slurm.SchedulerEnd
-    verdict: str  # the scheduler's end combined with what the agent saw die first
 
 
 async def job_checks(session: Session, profile: Profile) -> tuple[Check, ...]:

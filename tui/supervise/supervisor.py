@@ -16,14 +16,14 @@ import os
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 from itertools import accumulate, repeat
 from operator import add
 from typing import Any
 
 from tui.core import slurm
-from tui.core.acceptance import SpecDecodeTotals, parse_totals
+from tui.core.acceptance import parse_totals
 from tui.core.attach import attached_words
 from tui.core.command import known_secrets, redact, served_by, served_changes, shell_join
 from tui.core.describe import disk_words, gpu_verdict
@@ -63,11 +63,10 @@ from tui.core.protocol import (
     Served,
     leftover_words,
 )
-from tui.core.stacks import ProcessStacks, process_stacks
+from tui.core.stacks import process_stacks
 from tui.core.state import (
     CauseUpdated,
     Died,
-    DomainEvent,
     LaunchMachine,
     Ready,
     ReadyLimit,
@@ -82,18 +81,34 @@ from tui.remote import slurm as remote_slurm
 from tui.remote.agent_link import stream_agent
 from tui.remote.interface import Session
 from tui.remote.session import check_python, open_session
-from tui.supervise.history import History, Launch
-from tui.supervise.hooks import hook_env, run_hook
-from tui.supervise.slurmjob import (
-    JOB_POLL_S,
+from tui.supervise.events import (
+    AgentHello,
+    Fatal,
+    GpusSeen,
+    HistoryLoaded,
     JobAllocated,
     JobEnded,
     JobEnding,
     JobQueued,
-    JobRun,
     JobSubmitted,
-    job_checks,
+    KillDone,
+    KillProgress,
+    LinkLost,
+    LinkRestored,
+    Notice,
+    PreflightDone,
+    ProcEnded,
+    ProcsSeen,
+    RunInfo,
+    RunStarted,
+    SmokeDone,
+    SpecDecodeSeen,
+    StacksTaken,
+    SupervisorEvent,
 )
+from tui.supervise.history import History, Launch
+from tui.supervise.hooks import hook_env, run_hook
+from tui.supervise.slurmjob import JOB_POLL_S, JobRun, job_checks
 
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 10.0
@@ -108,136 +123,6 @@ CAUSE_GRACE_S = 0.5  # after a death, how long late log lines may sharpen the ca
 RUN_RECORD_S = 120.0  # a job's run: from the allocation to the agent's launch in the job
 
 
-@dataclass(frozen=True, slots=True)
-class RunInfo:
-    run_id: str
-    run_dir: str
-    pid: int
-    launched_at: float
-    attached: bool
-    served: Served | None = None  # None: a run from before launch.json recorded it
-    # launched by others (`specconsole attach`): whose it is, said before any kill
-    owner: str | None = None
-    # the container's image pulled first: `pid` is then the agent's monitor, which pulls it
-    pulling: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Notice:
-    """Something the user should read that is not a state change."""
-
-    text: str
-    level: str = "info"
-
-
-@dataclass(frozen=True, slots=True)
-class Fatal:
-    """Watching cannot go on (the agent refused, the run dir vanished, a bug): say why."""
-
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class PreflightDone:
-    checks: tuple[Check, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class RunStarted:
-    run: RunInfo
-
-
-@dataclass(frozen=True, slots=True)
-class LinkLost:
-    host: str
-    reason: str
-    retry_in: float
-
-
-@dataclass(frozen=True, slots=True)
-class LinkRestored:
-    host: str
-
-
-@dataclass(frozen=True, slots=True)
-class AgentHello:
-    hello: Hello
-
-
-@dataclass(frozen=True, slots=True)
-class ProcsSeen:
-    procs: Procs
-
-
-@dataclass(frozen=True, slots=True)
-class GpusSeen:
-    gpus: Gpus
-
-
-@dataclass(frozen=True, slots=True)
-class ProcEnded:
-    """A process of the run ended (any of them, helpers too), as the run tells it
-    (LaunchMachine.ended_as: vLLM's name, a forked child as its parent's child)."""
-
-    pid: int
-    name: str
-    code: int | None
-    signal: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class HistoryLoaded:
-    """The profile's previous launch on this host, and each phase's usual duration."""
-
-    previous: Launch | None
-    usual: dict[str, float]
-
-
-@dataclass(frozen=True, slots=True)
-class SmokeDone:
-    """The smoke request after READY: answered (latency, tokens, first line) or not."""
-
-    ok: bool
-    seconds: float
-    tokens: int | None
-    first_line: str
-    error: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class SpecDecodeSeen:
-    """The server's speculative-decoding counters (/metrics, totals since start)."""
-
-    totals: SpecDecodeTotals
-    time: float
-
-
-@dataclass(frozen=True, slots=True)
-class StacksTaken:
-    """py-spy's stacks of every process of the run (`why`: "on request", "on stall"), saved
-    on the host at `path`."""
-
-    stacks: tuple[ProcessStacks, ...]
-    path: str
-    why: str
-    at: float
-
-
-@dataclass(frozen=True, slots=True)
-class KillProgress:
-    step: KillStep
-
-
-@dataclass(frozen=True, slots=True)
-class KillDone:
-    killed: Killed
-
-
-SupervisorEvent = (DomainEvent | Notice | Fatal | PreflightDone | RunStarted | LinkLost
-                   | LinkRestored | AgentHello | ProcsSeen | GpusSeen | ProcEnded | KillProgress
-                   | KillDone | HistoryLoaded | SmokeDone | SpecDecodeSeen | StacksTaken
-                   | LogSkipped | JobSubmitted | JobQueued | JobAllocated | JobEnding
-                   | JobEnded)
 SessionOpener = Callable[[Any], Awaitable[Session]]
 
 

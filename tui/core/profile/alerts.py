@@ -1,0 +1,26 @@
+"""`[alerts]`: local hooks on DEAD, STALLED and READY, and tmux."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tui.core.profile.checks import Table, _bool, _duration, _section, _str
+
+
+@dataclass(frozen=True, slots=True)
+class AlertsConfig:
+    """Local commands run on DEAD, STALLED and READY (with the event in SPECCONSOLE_* variables),
+    and whether to flash a tmux message; a hook never blocks the console."""
+
+    on_ready: str | None = None
+    on_dead: str | None = None
+    on_stalled: str | None = None
+    hook_timeout: float = 10.0
+    tmux: bool = True
+
+
+
+_ALERTS = {"on_ready": _str, "on_dead": _str, "on_stalled": _str, "hook_timeout": _duration,
+           "tmux": _bool}
+
+ALERTS_TABLE = Table("alerts", _section(AlertsConfig, _ALERTS))
