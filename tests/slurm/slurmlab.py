@@ -265,8 +265,9 @@ class Cluster:
                 deadline = time.monotonic() + 10  # slurmctld saves its state, then exits
                 while _alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.05)
-        if _active() == self.workdir:
-            ACTIVE.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            if Path(ACTIVE.read_text().strip()) == self.workdir:
+                ACTIVE.unlink()
 
 
 def _active() -> Path | None:
