@@ -1,6 +1,6 @@
 """Set up a virtual environment and run the demo, the test suite, the real-log corpus score,
-the fault lab, the real-vLLM lane or the container lane:
-`python3 -m tui.bootstrap demo|test|score|lab|vllm|containers`.
+the fault lab, the real-vLLM lane, the container lane or the Slurm lane:
+`python3 -m tui.bootstrap demo|test|score|lab|vllm|containers|slurm`.
 
 Stdlib only, so it runs on a fresh machine with nothing but Python 3.10+. The project's venv is
 synced by uv from uv.lock, the lock of the whole dependency tree, so that what passed CI today
@@ -358,6 +358,35 @@ def run_containers_lane(extra_args: list[str]) -> int:
     return code
 
 
+# The Slurm lane's cluster (tests/slurm/slurmlab.py): Debian's Slurm 22.05 and munge; slurmd
+# joins each node's network namespace with nsenter (util-linux).
+SLURM_TOOLS = {"slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sbatch": "slurm-wlm",
+               "munged": "munge", "ip": "iproute2", "nsenter": "util-linux"}
+
+
+def run_slurm_lane(extra_args: list[str]) -> int:
+    """A real Slurm cluster on this machine (munged, slurmctld, one slurmd per node in its own
+    network namespace: tests/slurm/slurmlab.py), then the tests marked `slurm` against it, then
+    the cluster taken down. A setup failure is its one line and exit 1: never a skip."""
+    started = time.monotonic()
+    why = ensure_packages(SLURM_TOOLS)
+    if why is not None:
+        print(f"slurm lane setup: {why}", file=sys.stderr)
+        return 1
+    lab = ROOT / "tests" / "slurm" / "slurmlab.py"
+    with tempfile.TemporaryDirectory(prefix="specconsole-slurm-") as tmp:
+        if subprocess.run([sys.executable, str(lab), "up", tmp], cwd=ROOT).returncode != 0:
+            return 1
+        try:
+            code = _lane_tests("slurm", "slurm", "tests/slurm", "SPECCONSOLE_SLURM_FIGURES",
+                               extra_args, {"SPECCONSOLE_SLURM_CONF": str(Path(tmp) /
+                                                                          "slurm.conf")})
+        finally:
+            subprocess.run([sys.executable, str(lab), "down", tmp], cwd=ROOT)
+    print(f"slurm lane: {time.monotonic() - started:.0f} s in all", flush=True)
+    return code
+
+
 def run_train(extra_args: list[str]) -> int:
     """The root-cause ranking (tests/corpus/train.py): grouped cross-validation figures beside
     the hand rule's, the sealed part's; `--check` fails when tui/core/ranking.txt is stale,
@@ -375,10 +404,11 @@ def run_score(extra_args: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("demo", "test", "score", "train", "lab", "vllm",
-                                   "containers"):
+                                   "containers", "slurm"):
         print("usage: python3 -m tui.bootstrap demo [demo options] | test [--latest] [pytest "
               "options] | score [--show] | train [--check|--write] | lab [pytest options] | "
-              "vllm [pytest options] | containers [pytest options]", file=sys.stderr)
+              "vllm [pytest options] | containers [pytest options] | slurm [pytest options]",
+              file=sys.stderr)
         return 2
     if argv[0] == "demo":
         ensure_installed()
@@ -401,6 +431,8 @@ def main(argv: list[str]) -> int:
         return run_lab_lane(argv[1:])
     if argv[0] == "containers":
         return run_containers_lane(argv[1:])
+    if argv[0] == "slurm":
+        return run_slurm_lane(argv[1:])
     if argv[1:2] == ["--latest"]:
         return run_latest(argv[2:])
     return run_tests(argv[1:])

@@ -1,5 +1,9 @@
 """`launch`: start the server detached (new session, own process group) under a monitor that
-records its pid and its exit, with all output appended to the run's server.log."""
+records its pid and its exit, with all output appended to the run's server.log.
+
+Inside a Slurm job (`hold`), the launch then stays until the server ends, so the job lasts as
+long as the server; the scheduler's SIGTERM at the job's end (its time limit, scancel) is
+passed to the server's process group, which left the job's process tree when it detached."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import contextlib
 import errno
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +19,7 @@ import traceback
 
 from . import container
 from .boxmonitor import BoxMonitor
-from .procfs import own_group, read_stat
+from .procfs import alive, own_group, read_stat
 from .redaction import redact, secret_hashes
 from .rundir import ENV_KEY, STARTING, read_json, write_json_atomic
 from .wire import AGENT_VERSION, AgentFailure, SpecError, emit, spec_strings, spec_value
@@ -37,11 +42,15 @@ def cmd_launch(spec: dict) -> int:
     cwd = os.path.abspath(os.path.expanduser(cwd)) if cwd else os.getcwd()
     runs_dir = os.path.expanduser(spec_value(spec, "runs_dir", str))
     run_dir = os.path.abspath(os.path.join(runs_dir, run_id))
+    # made beforehand with the job script in it (a Slurm launch), still without a launch
+    prepared = spec_value(spec, "prepared", bool, False)
+    hold = spec_value(spec, "hold", bool, False)
     try:
         os.makedirs(runs_dir, mode=0o700, exist_ok=True)
         os.mkdir(run_dir, 0o700)
     except FileExistsError:
-        raise AgentFailure("run_exists", f"{run_dir} already exists") from None
+        if not prepared or os.path.exists(os.path.join(run_dir, "launch.json")):
+            raise AgentFailure("run_exists", f"{run_dir} already exists") from None
     except OSError as exc:
         raise AgentFailure("run_dir", f"cannot create {run_dir}: {exc.strerror or exc} — "
                            f"{_runs_dir_fix(exc)}") from None
@@ -57,7 +66,8 @@ def cmd_launch(spec: dict) -> int:
         })
         log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     except OSError as exc:  # a full disk: no half-made run is left behind
-        shutil.rmtree(run_dir, ignore_errors=True)
+        if not prepared:
+            shutil.rmtree(run_dir, ignore_errors=True)
         raise AgentFailure("run_dir", f"cannot write in {run_dir}: {exc.strerror or exc} — "
                            f"{_runs_dir_fix(exc)}") from None
     server_env = dict(os.environ)
@@ -96,7 +106,53 @@ def cmd_launch(spec: dict) -> int:
         failure = read_json(os.path.join(run_dir, "exit.json")) or {}
         raise AgentFailure("exec_failed", str(failure.get("error") or "the server did not start"))
     emit("launched", run_id=run_id, run_dir=run_dir, pid=info["pid"], pgid=info["pgid"], log=log)
-    return 0
+    return _hold(run_dir, info) if hold else 0
+
+
+HOLD_POLL_S = 0.2
+HOLD_GRACE_S = 3.0  # TERM to KILL of the server's group, well inside Slurm's KillWait
+# written by the console before it kills the run through a step of the job: the job stays
+# (at most KILL_HOLD_MAX_S) until the kill is verified on the node and the job cancelled
+KILL_HOLD = "kill.hold"
+KILL_HOLD_MAX_S = 180.0
+
+
+def _hold(run_dir: str, info: dict) -> int:
+    """Wait until the server ends (its exit.json, or its monitor gone), and any kill under way
+    (KILL_HOLD) is over; the server's exit code is the job's (0, or 1). A SIGTERM meanwhile
+    (the scheduler ending the job) TERMs the server's process group, and KILLs it after
+    HOLD_GRACE_S."""
+    code = _hold_server(run_dir, info)
+    hold = os.path.join(run_dir, KILL_HOLD)
+    deadline = time.monotonic() + KILL_HOLD_MAX_S
+    while os.path.exists(hold) and time.monotonic() < deadline:
+        time.sleep(HOLD_POLL_S)
+    return code
+
+
+def _hold_server(run_dir: str, info: dict) -> int:
+    exit_path = os.path.join(run_dir, "exit.json")
+    pgid, monitor = info.get("pgid"), info.get("monitor_pid")
+    term_at: list[float] = []
+
+    def on_term(signum: int, frame: object) -> None:
+        if not term_at and isinstance(pgid, int):
+            term_at.append(time.monotonic())
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGTERM)
+                os.killpg(pgid, signal.SIGCONT)
+
+    signal.signal(signal.SIGTERM, on_term)
+    while True:
+        ended = read_json(exit_path)
+        if ended is not None:
+            return 0 if ended.get("code") == 0 else 1
+        if isinstance(monitor, int) and not alive(monitor):
+            return 1
+        if term_at and time.monotonic() - term_at[0] > HOLD_GRACE_S and isinstance(pgid, int):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+        time.sleep(HOLD_POLL_S)
 
 
 def _runs_dir_fix(exc: OSError) -> str:

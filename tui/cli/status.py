@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
+from datetime import datetime
 
 from tui.core.describe import serving_words
 from tui.core.errors import SpecconsoleError
@@ -20,8 +21,10 @@ from tui.core.phases import Phase
 from tui.core.profile import Profile
 from tui.core.protocol import RunExit, RunRecord
 from tui.core.serving import ServingReadout, ServingSample, parse_log_line
+from tui.core.slurm import job_words
 from tui.core.units import duration
 from tui.remote import launcher
+from tui.remote import slurm as remote_slurm
 from tui.remote.interface import Session
 from tui.supervise.runs import Member, Run
 
@@ -129,6 +132,9 @@ async def member_lines(name: str, member: Member, every: bool, now: float) -> li
         records = await launcher.list_runs(session, sup.profile)
         lines = []
         for r in chosen(records, every):
+            if sup.profile.slurm is not None:  # on the job's node: the scheduler's word
+                lines.append(await job_line(session, sup.profile, name, host, r, now))
+                continue
             phase, serving = await phase_of(session, r, sup.profile)
             lines.append(RunLine(name, host, r.run_id, run_state(r.alive, r.exit), phase,
                                  duration(max(0.0, now - r.started)) if r.started else "—",
@@ -140,6 +146,21 @@ async def member_lines(name: str, member: Member, every: bool, now: float) -> li
     finally:
         await sup.close()
     return lines or [RunLine(name, host)]
+
+
+async def job_line(session: Session, profile: Profile, name: str, host: str,
+                   record: RunRecord, now: float) -> RunLine:
+    """A run launched as a Slurm job: its state is the job's as the scheduler tells it (the
+    run's processes are on the job's node, not on the login node), with the time left; the
+    phase from its log (the run directory is shared with the node)."""
+    job_id = await remote_slurm.job_of(session, profile, record.run_dir)
+    job = await remote_slurm.show_job(session, job_id) if job_id is not None else None
+    state = (job_words(job, datetime.fromtimestamp(now)) if job is not None
+             else f"job {job_id} (forgotten by the scheduler)" if job_id is not None
+             else "no Slurm job recorded")
+    phase, _ = await phase_of(session, replace(record, alive=False), profile)
+    age = duration(max(0.0, now - record.started)) if record.started else "—"
+    return RunLine(name, host, record.run_id, state, phase, age)
 
 
 async def status_lines(runs: Sequence[Run], *, every: bool) -> tuple[list[str], bool]:

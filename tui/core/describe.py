@@ -39,7 +39,9 @@ def death_lines(death: Death) -> list[str]:
     """The DEAD headline and its root cause, as `wait` prints them and the banner shows them."""
     phase = f" while {death.phase.label}" if death.phase is not None else ""
     lines = [f"DEAD: {death.summary()}{phase}"]
-    if death.oom_killed:  # the runtime's word: the log's last error is its consequence
+    if death.ended_by is not None:  # the scheduler's word: not a crash, whatever the signal
+        lines.append(f"root cause: {death.ended_by} (the scheduler's doing, not a crash)")
+    elif death.oom_killed:  # the runtime's word: the log's last error is its consequence
         lines.append("root cause: killed by the container's memory limit (OOMKilled): raise "
                      "its --memory in container.run_args, or load less")
     elif death.cause is not None:

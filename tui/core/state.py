@@ -125,9 +125,13 @@ class Death:
     # the ranking's second candidate when it was not sure (tui.core.diagnosis.runner_up): the
     # console marks it beside the cause; the banner and `wait` name one cause
     runner_up: RootCause | None = None
+    # the scheduler ended the run's job (a Slurm time limit, scancel, a preemption), in words:
+    # what died then is its doing, never a crash (tui.core.slurm.SchedulerEnd.words)
+    ended_by: str | None = None
 
     def summary(self) -> str:
-        how = ("was killed by the container's memory limit (OOMKilled)" if self.oom_killed
+        how = ("was ended by the scheduler" if self.ended_by is not None
+               else "was killed by the container's memory limit (OOMKilled)" if self.oom_killed
                else f"died, signal {self.signal}" if self.signal is not None
                else f"died, exit code {self.code}" if self.code is not None
                else "died, exit code unknown")
@@ -556,6 +560,23 @@ class LaunchMachine:
         pid = ex.pid if ex.pid is not None else (self.top_pid or 0)
         name = self.procs[pid].name if pid in self.procs else top_name(self.engine)
         return self.feed_exit(ProcExit(pid, name, ex.code, ex.signal, ex.time, True), at)
+
+    def ended_by_scheduler(self, words: str, at: float) -> list[DomainEvent]:
+        """The scheduler says it ended the run's job (`words`): the death seen is its doing, or,
+        when the agent saw none (its link went with the job), the top process's death is told
+        as the scheduler's. Nothing while killing or stopped: that end was ours."""
+        if self.state in (State.KILLING, State.STOPPED, State.PENDING):
+            return []
+        if self.death is not None:
+            if self.death.ended_by == words:
+                return []
+            self.death = replace(self.death, ended_by=words)
+            return [CauseUpdated(self.death)]
+        events = self._run_exit_death(RunExit(self.top_pid, None, None, at), at)
+        if self.death is None:
+            return events
+        self.death = replace(self.death, ended_by=words)
+        return [Died(self.death) if isinstance(e, Died) else e for e in events]
 
     def feed_health(self, health: Health, at: float) -> list[DomainEvent]:
         """READY only when every health path (/health, then /v1/models) answers from the

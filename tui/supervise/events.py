@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tui.core import slurm
 from tui.core.acceptance import SpecDecodeTotals
 from tui.core.protocol import Check, Gpus, Hello, Killed, KillStep, LogSkipped, Procs, Served
 from tui.core.stacks import ProcessStacks
@@ -137,7 +138,53 @@ class KillDone:
     killed: Killed
 
 
+@dataclass(frozen=True, slots=True)
+class JobSubmitted:
+    job_id: str
+    script: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobQueued:
+    """The job waits in the queue: the scheduler's reason and expected start (never a stall,
+    never part of the load's time)."""
+
+    job_id: str
+    queued: slurm.Queued
+
+    def words(self) -> str:
+        return f"job {self.job_id} {slurm.queued_summary(self.queued)}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobAllocated:
+    job: slurm.Job
+    waited_s: float  # from the submission to the allocation
+
+    def words(self) -> str:
+        return f"job {self.job.job_id} {slurm.allocated_summary(self.job)}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobEnding:
+    """The job's time limit is near (the profile's [slurm].alert_before)."""
+
+    job_id: str
+    left_s: float
+
+    def words(self) -> str:
+        return (f"job {self.job_id} has {slurm.duration_words(self.left_s)} left before its "
+                "time limit ends it")
+
+
+@dataclass(frozen=True, slots=True)
+class JobEnded:
+    end: slurm.SchedulerEnd
+    verdict: str  # the scheduler's end combined with what the agent saw die first
+
+
 SupervisorEvent = (DomainEvent | Notice | Fatal | PreflightDone | RunStarted | LinkLost
                    | LinkRestored | AgentHello | ProcsSeen | GpusSeen | ProcEnded | KillProgress
                    | KillDone | HistoryLoaded | SmokeDone | SpecDecodeSeen | StacksTaken
-                   | LogSkipped)
+                   | LogSkipped | JobSubmitted | JobQueued | JobAllocated | JobEnding
+                   | JobEnded)

@@ -16,10 +16,13 @@ import os
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
 from itertools import accumulate, repeat
 from operator import add
 from typing import Any
 
+from tui.core import slurm
 from tui.core.acceptance import parse_totals
 from tui.core.attach import attached_words
 from tui.core.command import known_secrets, redact, served_by, served_changes, shell_join
@@ -74,6 +77,7 @@ from tui.core.state import (
 )
 from tui.core.units import duration
 from tui.remote import launcher
+from tui.remote import slurm as remote_slurm
 from tui.remote.agent_link import stream_agent
 from tui.remote.interface import Session
 from tui.remote.session import check_python, open_session
@@ -82,6 +86,11 @@ from tui.supervise.events import (
     Fatal,
     GpusSeen,
     HistoryLoaded,
+    JobAllocated,
+    JobEnded,
+    JobEnding,
+    JobQueued,
+    JobSubmitted,
     KillDone,
     KillProgress,
     LinkLost,
@@ -99,6 +108,7 @@ from tui.supervise.events import (
 )
 from tui.supervise.history import History, Launch
 from tui.supervise.hooks import hook_env, run_hook
+from tui.supervise.slurmjob import JOB_POLL_S, JobRun, job_checks
 
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 10.0
@@ -110,6 +120,7 @@ METRICS_PATH = "/metrics"
 SKIM_HEAD = 4 << 20
 SKIM_TAIL = 8 << 20
 CAUSE_GRACE_S = 0.5  # after a death, how long late log lines may sharpen the cause
+RUN_RECORD_S = 120.0  # a job's run: from the allocation to the agent's launch in the job
 
 
 SessionOpener = Callable[[Any], Awaitable[Session]]
@@ -168,6 +179,11 @@ class Supervisor:
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         self._python_checked = False
+        # a [slurm] profile's run: its job (the session reaches the job's node as a step
+        # once allocated; `login` is the login node's own session)
+        self.job: JobRun | None = None
+        self.login: Session | None = None
+        self._ready_at: float | None = None
 
     @property
     def served(self) -> Served:
@@ -211,6 +227,7 @@ class Supervisor:
 
     def _react(self, event: object) -> None:
         if isinstance(event, Ready):
+            self._ready_at = self.clock()
             self._record(outcome="ready", took=event.took)
             self._note_survived()
             self._hook("ready", took=round(event.took, 1),
@@ -370,12 +387,26 @@ class Supervisor:
                     await session.close()
                     raise
                 self._python_checked = True
+            self.login = session
+            if self.job is not None and self.job.node is not None and self.job.end is None:
+                session = remote_slurm.StepSession(session, self.job.job_id, self.job.node)
             self.session = session
         return self.session
 
+    async def login_session(self) -> Session:
+        """The session on [host] itself: the login node of a [slurm] profile."""
+        await self.connect()
+        assert self.login is not None
+        return self.login
+
     async def run_preflight(self) -> tuple[Check, ...]:
+        """The agent's checks on the host; for a [slurm] profile, the scheduler's answer on
+        the login node (the node is not known before the allocation: slurmjob.job_checks)."""
         self._emit(self.machine.preflight(self.clock()))
-        checks = await launcher.preflight(await self.connect(), self.profile)
+        if self.profile.slurm is not None:
+            checks = await job_checks(await self.login_session(), self.profile)
+        else:
+            checks = await launcher.preflight(await self.connect(), self.profile)
         self.last_checks = checks
         self._emit([PreflightDone(checks)])
         failed = [c for c in checks if not c.ok and c.severity == "error"]
@@ -435,6 +466,8 @@ class Supervisor:
         if self.profile.attach is not None:
             raise SpecconsoleError(f"{self.profile.name} was not launched by specconsole: it "
                                    "is not relaunched here (its owner starts it again)")
+        if self.profile.slurm is not None:
+            return await self._launch_job(skip_preflight)
         session = await self.connect()
         if not skip_preflight and self.profile.preflight.enabled:
             try:
@@ -452,6 +485,154 @@ class Supervisor:
         self._remember_launch(plan, now)
         self._begin(now)
         return self.run
+
+    async def _launch_job(self, skip_preflight: bool) -> RunInfo:
+        """A [slurm] profile: the scheduler's preflight (sbatch --test-only), the job script
+        written into the run directory and submitted from the login node, the queue followed
+        (JobQueued: the scheduler's reason, never a stall) until the job runs; then the agent
+        reaches its node as a step of the job, and the run is watched as any other."""
+        login = await self.login_session()
+        if not skip_preflight and self.profile.preflight.enabled:
+            await self.run_preflight()
+        plan = launcher.plan_launch(self.profile, self.environ, self.clock())
+        submitted_at = self.clock()
+        sub = await remote_slurm.submit(login, self.profile, plan)
+        self.job = JobRun(sub.job_id, sub.script)
+        self._emit([JobSubmitted(sub.job_id, sub.script),
+                    Notice(f"submitted job {sub.job_id} ({sub.script})")])
+
+        def queued(line: slurm.Queued) -> None:
+            event = JobQueued(sub.job_id, line)
+            self._emit([event, Notice(event.words())])
+
+        job = await remote_slurm.wait_started(login, sub.job_id, queued)
+        end = slurm.scheduler_end(job)
+        if end is not None:
+            self.job.end = end
+            raise SpecconsoleError(f"job {sub.job_id} ended before it ran: {end.words()}")
+        self.job.node, self.job.job, self.job.restarts = job.node, job, job.restarts
+        allocated = JobAllocated(job, self.clock() - submitted_at)
+        self._emit([allocated, Notice(allocated.words())])
+        self.session = remote_slurm.StepSession(login, sub.job_id, str(job.node))
+        record = await self._job_record(plan.run_id)
+        now = self.clock()
+        self.run = RunInfo(record.run_id, record.run_dir, int(record.pid or 0), now,
+                           attached=False, served=served_by(self.profile))
+        self._remember_launch(plan, now)
+        self._begin(now)
+        return self.run
+
+    async def _find_job(self, record: RunRecord) -> JobRun:
+        """The job of a run found on the login node (its run directory's record): the
+        session reaches its node as a step while it runs; a run that was never a job, or a
+        job the scheduler has forgotten, is said in one line."""
+        login = await self.login_session()
+        job_id = await remote_slurm.job_of(login, self.profile, record.run_dir)
+        if job_id is None:
+            raise RunNotFound(f"run {record.run_id} of {self.profile.key} records no Slurm job "
+                              f"({record.run_dir})")
+        job = await remote_slurm.show_job(login, job_id)
+        found = JobRun(job_id, f"{record.run_dir}/{slurm.JOB_SCRIPT}",
+                       job.node if job is not None else None,
+                       job.restarts if job is not None else 0, job)
+        found.end = found.end_of(job)
+        if found.end is None and job is not None and job.state != "RUNNING":
+            found.end = slurm.SchedulerEnd(job.state, job_id, job.node, None, None, None,
+                                           job.reason)
+        self.job = found
+        if found.end is None and found.node is not None:
+            self.session = remote_slurm.StepSession(login, job_id, found.node)
+        return found
+
+    async def _job_record(self, run_id: str) -> RunRecord:
+        """The run as the agent on the job's node sees it, once the job script's agent has
+        launched the server there."""
+        assert self.job is not None and self.login is not None
+        deadline = self.clock() + RUN_RECORD_S
+        while True:
+            for record in await launcher.list_runs(await self.connect(), self.profile):
+                if record.run_id == run_id and record.pid is not None:
+                    return record
+            job = await remote_slurm.show_job(self.login, self.job.job_id)
+            end = slurm.scheduler_end(job) if job is not None else None
+            if job is None or end is not None:
+                words = end.words() if end is not None else "forgotten by the scheduler"
+                raise SpecconsoleError(f"job {self.job.job_id} ended before its server "
+                                       f"started: {words} (see {self.job.script} and its "
+                                       "slurm-*.out beside it)")
+            if self.clock() > deadline:
+                raise SpecconsoleError(f"job {self.job.job_id} runs on {self.job.node} but its "
+                                       f"server was not started within {RUN_RECORD_S:.0f} s "
+                                       "(see the slurm-*.out in the run directory)")
+            await asyncio.sleep(0.5)
+
+    async def _job_loop(self) -> None:
+        """Ask the scheduler after the running job: the time left (one alert at the
+        profile's alert_before), and its end (_job_over)."""
+        assert self.job is not None and self.profile.slurm is not None
+        while self.job.end is None:
+            await asyncio.sleep(JOB_POLL_S)
+            try:
+                job = await remote_slurm.show_job(await self.login_session(), self.job.job_id)
+            except SpecconsoleError:
+                continue  # the login node's link: the watch loop says so
+            if self.job.end_of(job) is not None:
+                await self._job_over(job)
+                return
+            assert job is not None
+            self.job.job = job
+            left = job.time_left_s(datetime.now())
+            if (left is not None and left <= self.profile.slurm.alert_before
+                    and not self.job.alerted):
+                self.job.alerted = True
+                ending = JobEnding(job.job_id, left)
+                self._emit([ending, Notice(ending.words(), "warning")])
+
+    async def _job_over(self, job: slurm.Job | None) -> None:
+        """The job has ended: its node is no longer reachable (the watch stops), and the
+        scheduler's end is the verdict where it ended the run itself (a time limit, scancel,
+        a preemption, a node's failure): a death then is its doing, never a crash."""
+        assert self.job is not None
+        if self.job.end is not None:
+            return
+        end = self.job.end_of(job)
+        if end is None:
+            return
+        self.job.end, self.job.job = end, job or self.job.job
+        for task in self._tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        if isinstance(self.session, remote_slurm.StepSession):
+            self.session = self.login  # the job's steps are over
+        now = self.clock()
+        ready_for = now - self._ready_at if self._ready_at is not None else None
+        death = self.machine.death
+        ended_at = (job.end_time.timestamp() if job is not None and job.end_time is not None
+                    and job.ended else now)
+        if end.schedulers_doing and (death is None or death.at >= ended_at - 2.0):
+            self._emit(self.machine.ended_by_scheduler(end.words(ready_for), now))
+            death = self.machine.death
+        first = (slurm.FirstDeath(death.process, death.at)
+                 if death is not None and death.ended_by is None else None)
+        verdict = slurm.end_verdict(end, first, ended_at, ready_for)
+        self._emit([JobEnded(end, verdict), Notice(f"job {self.job.job_id}: {verdict}")])
+
+    async def _died_in_job(self, events: list[Any]) -> None:
+        """A death in a job's run: the scheduler is asked first whether it ended the job (its
+        state then is already TIMEOUT, CANCELLED, ...), so that the death is told as its doing
+        from the start."""
+        assert self.job is not None
+        with contextlib.suppress(SpecconsoleError, asyncio.TimeoutError):
+            job = await asyncio.wait_for(
+                remote_slurm.show_job(await self.login_session(), self.job.job_id), 5.0)
+            end = self.job.end_of(job)
+            death = self.machine.death
+            if end is not None and end.schedulers_doing and death is not None:
+                ready_for = (death.at - self._ready_at) if self._ready_at is not None else None
+                self.machine.death = replace(death, ended_by=end.words(ready_for))
+                events = [Died(self.machine.death) if isinstance(e, Died) else e
+                          for e in events]
+        self._emit(events)
 
     def _remember_launch(self, plan: launcher.LaunchPlan, now: float) -> None:
         if self.history is None or self._history_failed:
@@ -475,6 +656,8 @@ class Supervisor:
         record = record or await launcher.latest_run(await self.connect(), self.profile)
         if record is None or record.pid is None:
             raise RunNotFound(f"no run of {self.profile.key} on {self.profile.host.target}")
+        if self.profile.slurm is not None:
+            await self._find_job(record)
         started = record.started if record.started is not None else self.clock()
         self.run = RunInfo(record.run_id, record.run_dir, record.pid, started, attached=True,
                            served=record.served, owner=None if record.attached is None
@@ -502,7 +685,12 @@ class Supervisor:
         if self.profile.attach is not None:  # a server launched by others: never launched here
             return await self.attach()
         latest = await launcher.latest_run(await self.connect(), self.profile)
-        if latest is not None and latest.alive:
+        if latest is not None and self.profile.slurm is not None:
+            # a job's run lives on its node: the scheduler says whether it still runs
+            job = await self._find_job(latest)
+            if job.end is None:
+                return await self.attach(latest)
+        elif latest is not None and latest.alive:
             return await self.attach(latest)
         if launch:
             return await self.launch(skip_preflight, kill_leftovers, grace)
@@ -530,6 +718,8 @@ class Supervisor:
                 self._emit([HistoryLoaded(previous, self.usual)])
         self._tasks = [asyncio.create_task(self._watch_loop()),
                        asyncio.create_task(self._tick_loop())]
+        if self.job is not None:
+            self._tasks.append(asyncio.create_task(self._job_loop()))
 
     async def close(self) -> None:
         """Stop watching and drop the session; the server keeps running. Hooks already started
@@ -591,10 +781,25 @@ class Supervisor:
                 return
             if self._closing:
                 return
+            if self.job is not None and await self._job_gone():
+                return
             self._emit([LinkLost(self.profile.host.target, reason, backoff)])
             await self._drop_session()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    async def _job_gone(self) -> bool:
+        """The watch of a job's run ended: True when the job is over (its steps end with it,
+        so this is its end, told by _job_over, not a lost link)."""
+        assert self.job is not None
+        try:
+            job = await remote_slurm.show_job(await self.login_session(), self.job.job_id)
+        except SpecconsoleError:
+            return False
+        if self.job.end_of(job) is None:
+            return False
+        await self._job_over(job)
+        return True
 
     async def _drop_session(self) -> None:
         if self.session is not None:
@@ -616,7 +821,7 @@ class Supervisor:
             self.log_end = max(self.log_end, event.end)
             self._emit([event])
         elif isinstance(event, ProcExit):
-            self._emit(m.feed_exit(event, now))
+            self._emit_death(m.feed_exit(event, now))
             ended = m.ended_as(event)
             self._emit([ProcEnded(ended.pid, ended.name, ended.code, ended.signal)])
         elif isinstance(event, Procs):
@@ -636,7 +841,7 @@ class Supervisor:
         elif isinstance(event, Health):
             self._emit(m.feed_health(event, now))
         elif isinstance(event, RunExit):
-            self._emit(m.feed_run_exit(event, now))
+            self._emit_death(m.feed_run_exit(event, now))
         elif isinstance(event, (Hello, Secrets)):
             self.secrets = tuple({*self.secrets, *event.redact})
             if isinstance(event, Hello):
@@ -653,6 +858,13 @@ class Supervisor:
             self._emit([Notice(f"agent: {event.kind}: {event.message}", "warning")])
         elif isinstance(event, DiskSpace):
             self._emit([Notice(*disk_words(self.profile.host.target, event))])
+
+    def _emit_death(self, events: list[Any]) -> None:
+        """A job's death waits for the scheduler's word on it (_died_in_job)."""
+        if self.job is not None and any(isinstance(e, Died) for e in events):
+            self._spawn(self._died_in_job(events))
+        else:
+            self._emit(events)
 
     def _lines(self, chunk: LogChunk) -> list[tuple[int, str]]:
         """Per-line byte offsets; a chunk that starts before what we have is trimmed."""
@@ -699,11 +911,40 @@ class Supervisor:
         """TERM the group, KILL after the grace, sweep by run id; report what remains."""
         if self.run is None:
             raise RunNotFound(f"no run of {self.profile.key} to kill")
+        if self.job is not None:
+            return await self._kill_job(grace)
         self.mark_killing()
         steps, killed = await launcher.kill(
             await self.connect(), self.profile, self.run.run_dir, grace,
             on_step=lambda step: self._emit([KillProgress(step)]))
         self.last_kill_steps = steps
+        self._emit([KillDone(killed), *self.machine.stopped(self.clock())])
+        return killed
+
+    async def _kill_job(self, grace: float) -> Killed:
+        """A job's run: the agent on its node kills and verifies as on any host (no process of
+        the run left, GPU memory released), then scancel, verified by the job leaving the
+        queue. A job already over is refused in one line: its node can no longer be reached
+        as a step of it, so nothing could be verified there."""
+        assert self.job is not None and self.run is not None
+        job_id = self.job.job_id
+        if self.job.end is not None:
+            await remote_slurm.cancel(await self.login_session(), job_id)
+            raise SpecconsoleError(
+                f"job {job_id} is over ({self.job.end.state}): nothing to kill through it, "
+                f"and its node {self.job.node or '?'} cannot be reached as a step of it to "
+                "check for leftovers of the run")
+        self.mark_killing()
+        await remote_slurm.hold_for_kill(await self.login_session(), self.profile,
+                                         self.run.run_dir)
+        steps, killed = await launcher.kill(
+            await self.connect(), self.profile, self.run.run_dir, grace,
+            on_step=lambda step: self._emit([KillProgress(step)]))
+        self.last_kill_steps = steps
+        job = await remote_slurm.cancel(await self.login_session(), job_id)
+        self._emit([Notice(f"job {job_id} has left the queue ("
+                           f"{job.state if job is not None else 'forgotten'})")])
+        await self._job_over(job)
         self._emit([KillDone(killed), *self.machine.stopped(self.clock())])
         return killed
 
@@ -718,6 +959,9 @@ class Supervisor:
         self.kill_grace = grace
         if self.run is None:
             return await self.start(launch=True, skip_preflight=skip_preflight, grace=grace)
+        if self.job is not None and self.job.end is not None:  # its job is over: resubmit
+            self.reset()
+            return await self.launch(skip_preflight)
         killed = await self.kill(grace)
         if killed.remaining:  # never a second server beside a first that will not die
             raise SpecconsoleError(
@@ -733,6 +977,10 @@ class Supervisor:
         self._tasks = []
         self.giving_up = None
         self.machine = self._new_machine()
+        if self.job is not None:  # a relaunch submits a job of its own
+            self.job = None
+            if self.login is not None:
+                self.session = self.login
 
 
 def ready_limit_of(profile: Profile) -> ReadyLimit | None:

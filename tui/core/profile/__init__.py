@@ -1,7 +1,7 @@
 """Profiles: one TOML file per server to launch, validated into frozen dataclasses.
 
 One module per table (hosts, server, speculative, preflight, logs, expect, alerts, smoke,
-simulate, container; attach is not a table), the mechanism they share (checks) and the loader
+simulate, container, slurm; attach is not a table), the mechanism they share (checks) and the loader
 that registers them and reads a file (loader). What callers use is importable from here.
 """
 
@@ -29,6 +29,7 @@ from tui.core.profile.logs import LogRule, LogsConfig
 from tui.core.profile.preflight import PreflightConfig
 from tui.core.profile.server import ENGINES, ServerConfig
 from tui.core.profile.simulate import SCENARIOS, SimulateConfig
+from tui.core.profile.slurm import SlurmConfig, slurm_time_seconds
 from tui.core.profile.smoke import SmokeConfig
 from tui.core.profile.speculative import (
     DRAFTER_METHODS,
@@ -44,6 +45,7 @@ __all__ = [
     "SGLANG_METHODS", "SGLANG_SPECULATIVE_KEYS", "SPECULATIVE_METHODS", "TABLES",
     "AlertsConfig", "AttachTarget", "Check", "ClusterConfig", "ContainerConfig", "ExpectConfig",
     "HostConfig", "LogRule", "LogsConfig", "NodeConfig", "PreflightConfig", "Profile",
-    "ServerConfig", "SimulateConfig", "SmokeConfig", "SpeculativeConfig", "Table",
-    "expand_vars", "load_profile", "loads_profile", "parse_duration",
+    "ServerConfig", "SimulateConfig", "SlurmConfig", "SmokeConfig", "SpeculativeConfig",
+    "Table", "expand_vars", "load_profile", "loads_profile", "parse_duration",
+    "slurm_time_seconds",
 ]

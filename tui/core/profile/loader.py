@@ -44,6 +44,7 @@ from tui.core.profile.logs import LOGS_TABLE, LogsConfig
 from tui.core.profile.preflight import PREFLIGHT_TABLE, PreflightConfig
 from tui.core.profile.server import SERVER_TABLE, ServerConfig
 from tui.core.profile.simulate import SIMULATE_TABLE, SimulateConfig
+from tui.core.profile.slurm import SLURM_TABLE, SlurmConfig
 from tui.core.profile.smoke import SMOKE_TABLE, SmokeConfig
 
 if sys.version_info >= (3, 11):
@@ -54,7 +55,7 @@ else:
 # The profile's tables, in the order their names are listed in errors
 TABLES: tuple[Table, ...] = (
     HOST_TABLE, HOSTS_TABLE, CLUSTER_TABLE, SERVER_TABLE, PREFLIGHT_TABLE, LOGS_TABLE,
-    EXPECT_TABLE, ALERTS_TABLE, SMOKE_TABLE, SIMULATE_TABLE, CONTAINER_TABLE,
+    EXPECT_TABLE, ALERTS_TABLE, SMOKE_TABLE, SIMULATE_TABLE, CONTAINER_TABLE, SLURM_TABLE,
 )
 _TOP = {table.name: table.check for table in TABLES}
 
@@ -76,6 +77,7 @@ class Profile:
     cluster: ClusterConfig | None = None
     container: ContainerConfig | None = None
     attach: AttachTarget | None = None  # a server launched by others (tui.core.attach)
+    slurm: SlurmConfig | None = None  # launched as a Slurm job from the login node
 
     @property
     def key(self) -> str:

@@ -1,0 +1,66 @@
+"""Fixtures of the Slurm lane: the cluster `python3 -m tui.bootstrap slurm` started
+(tests/slurm/slurmlab.py), found through $SPECCONSOLE_SLURM_CONF, and the lane's figures.
+
+Every test here is marked `slurm`, so the main suite never runs one. Without the lane's cluster
+a test fails saying how to start it: never a skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm.slurmlab import Cluster
+
+CONF_ENV = "SPECCONSOLE_SLURM_CONF"
+FIGURES_ENV = "SPECCONSOLE_SLURM_FIGURES"  # `bootstrap slurm` prints what the tests wrote
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test in this directory `slurm` before `-m` selects."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.slurm)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Cluster:
+    """The lane's running cluster; SLURM_CONF is set for this process (and what it starts)."""
+    conf = os.environ.get(CONF_ENV)
+    if not conf or not Path(conf).exists():
+        pytest.fail(f"{CONF_ENV} names no slurm.conf (run the lane: python3 -m tui.bootstrap "
+                    "slurm)")
+    os.environ["SLURM_CONF"] = conf
+    found = Cluster(Path(conf).parent)
+    states = found.states()
+    if not all(states.get(n) == "idle" for n in found.nodes):
+        pytest.fail(f"the lane's nodes are not idle: {states}")
+    return found
+
+
+@pytest.fixture
+def jobs(cluster: Cluster) -> Iterator[list[str]]:
+    """Job ids a test submits; each is cancelled when the test ends, whatever happened, and the
+    nodes are waited on until idle again so the next test starts on an empty cluster."""
+    ids: list[str] = []
+    yield ids
+    if ids:
+        subprocess.run(["scancel", *ids], env=cluster.env, capture_output=True)
+    cluster.wait_idle(60)
+
+
+def record_figure(name: str, value: object) -> None:
+    """Keep a measured figure for `bootstrap slurm` to print."""
+    path = os.environ.get(FIGURES_ENV)
+    if not path:
+        return
+    figures = json.loads(Path(path).read_text()) if Path(path).exists() else {}
+    figures[name] = value
+    Path(path).write_text(json.dumps(figures))

@@ -1,0 +1,416 @@
+"""The Slurm lane: the simulated engine launched as a job of a real Slurm cluster (munged,
+slurmctld, one slurmd per node in its own network namespace: slurmlab.py), from the login node
+(this machine, [host] local); the agent reaches the job's node as a step of the job (srun
+--jobid J --overlap). Each test submits through the Supervisor as the console does, and checks
+what the scheduler itself says (scontrol, squeue) beside what specconsole says."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import carriers, next_event, sim_profile, sim_server, until_event
+
+from slurm.conftest import record_figure
+from slurm.slurmlab import Cluster
+from tui.core.describe import death_lines
+from tui.core.errors import PreflightFailed
+from tui.core.profile import load_profile
+from tui.core.state import Died, Ready, Stalled, State
+from tui.supervise.events import JobAllocated, JobEnded, JobEnding, JobQueued, JobSubmitted
+from tui.supervise.supervisor import Supervisor
+
+
+def slurm_profile(tmp: Path, scenario: str = "ready", *, name: str = "job",
+                  time_limit: str = "5", time_scale: float = 300.0, extra: str = "") -> Path:
+    """A simulated profile launched through Slurm: [host] is this machine (the login node)."""
+    path = tmp / f"{name}.toml"
+    path.write_text(f"""
+[host]
+target = "local"
+python = "{sys.executable}"
+runs_dir = "{tmp / 'runs'}"
+{sim_server(tmp, scenario, time_scale)}
+[slurm]
+partition = "batch"
+time = "{time_limit}"
+job_name = "{name}"
+{extra}
+""")
+    return path
+
+
+def scontrol(job_id: str, cluster: Cluster) -> dict[str, str]:
+    from tui.core.slurm import parse_fields
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=cluster.env,
+                         capture_output=True, text=True, check=True).stdout
+    return parse_fields(out)
+
+
+def _worker(run_id: str, name: str) -> int:
+    for pid in carriers(run_id):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if argv.startswith(f"VLLM::{name}".encode()):
+            return pid
+    raise AssertionError(f"no {name} among {carriers(run_id)}")
+
+
+async def _event(events: asyncio.Queue[Any], kind: type, launching: asyncio.Task[Any],
+                 timeout: float) -> Any:
+    """The next event of `kind`; the launch's own error first if it failed meanwhile."""
+    waiting = asyncio.ensure_future(next_event(events, kind, timeout))
+    await asyncio.wait({waiting, launching}, return_when=asyncio.FIRST_COMPLETED)
+    if launching.done() and launching.exception() is not None and not waiting.done():
+        waiting.cancel()
+        raise launching.exception()
+    return await waiting
+
+
+async def _launch(sup: Supervisor, jobs: list[str]) -> tuple[asyncio.Queue[Any],
+                                                            asyncio.Task[Any], float]:
+    """Submit; the events, the launch under way, and when it was submitted."""
+    events = sup.subscribe()
+    started = time.monotonic()
+    launching = asyncio.ensure_future(sup.launch())
+    submitted = await _event(events, JobSubmitted, launching, 30)
+    jobs.append(submitted.job_id)
+    return events, launching, started
+
+
+async def _ready(sup: Supervisor, jobs: list[str]) -> tuple[float, float]:
+    """Launch and wait for READY: (submit -> running, running -> READY) in seconds."""
+    events, launching, started = await _launch(sup, jobs)
+    await _event(events, JobAllocated, launching, 60)
+    allocated = time.monotonic()
+    await _event(events, Ready, launching, 90)
+    await launching
+    return allocated - started, time.monotonic() - allocated
+
+
+async def test_ready_inside_a_job_then_worker_sigkilled_is_dead_naming_it(
+        tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
+    sup = Supervisor(load_profile(slurm_profile(tmp_path)))
+    events = sup.subscribe()
+    try:
+        to_running, to_ready = await _ready(sup, jobs)
+        job_id = jobs[0]
+        fields = scontrol(job_id, cluster)
+        assert fields["JobState"] == "RUNNING"
+        node = fields["NodeList"]
+        assert sup.job is not None and sup.job.node == node
+        run_dir = Path(sup.run.run_dir)
+        script = (run_dir / "job.sbatch").read_text()
+        assert "#SBATCH --partition=batch" in script and "#SBATCH --time=5" in script
+        assert f"SPECCONSOLE_RUN_ID={sup.run.run_id}" in script
+        # the server runs on the job's node: its network namespace, its hostname
+        top = sup.run.pid
+        assert Path(f"/proc/{top}/ns/net").resolve() != Path("/proc/self/ns/net").resolve()
+        assert os.readlink(f"/proc/{top}/ns/net") == os.readlink(
+            f"/proc/{cluster.slurmd_pid(node)}/ns/net")
+        record_figure("submit -> running (s)", round(to_running, 2))
+        record_figure("running -> READY (s)", round(to_ready, 2))
+        victim = _worker(sup.run.run_id, "Worker_TP3")
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        died = await next_event(events, Died, 30)
+        in_job_ms = (time.monotonic() - killed_at) * 1000
+        assert sup.machine.state is State.DEAD
+        assert died.death.process == "Worker_TP3"
+        assert died.death.ended_by is None, "a worker's own death is not the scheduler's"
+        assert "Worker_TP3" in died.death.summary() and "scheduler" not in died.death.summary()
+    finally:
+        if sup.run is not None:
+            await sup.kill(2.0)
+        await sup.close()
+    assert carriers(sup.run.run_id) == []
+    assert scontrol(jobs[0], cluster)["JobState"] in ("CANCELLED", "COMPLETED", "FAILED")
+    bare_ms = await _bare_worker_death_ms(tmp_path)
+    record_figure("worker SIGKILL -> DEAD, in a job / bare (ms)",
+                  f"{in_job_ms:.1f} / {bare_ms:.1f}")
+
+
+async def _bare_worker_death_ms(tmp: Path) -> float:
+    """The same death in a bare launch on this machine, for the figure beside the job's."""
+    bare = Supervisor(load_profile(sim_profile(tmp, "ready", name="bare")))
+    events = bare.subscribe()
+    try:
+        await bare.launch(skip_preflight=True)
+        await next_event(events, Ready, 90)
+        os.kill(_worker(bare.run.run_id, "Worker_TP3"), signal.SIGKILL)
+        killed_at = time.monotonic()
+        died = await next_event(events, Died, 30)
+        assert died.death.process == "Worker_TP3"
+        return (time.monotonic() - killed_at) * 1000
+    finally:
+        if bare.run is not None:
+            await bare.kill(2.0)
+        await bare.close()
+
+
+async def test_time_limit_ends_the_job_as_timeout_in_words_never_a_crash(
+        tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
+    """A one-minute job: the alert before its end, then the scheduler's TIMEOUT is the
+    verdict (the server's SIGTERM from the scheduler is its doing, not a crash)."""
+    profile = slurm_profile(tmp_path, time_limit="1", extra='alert_before = "50s"')
+    sup = Supervisor(load_profile(profile))
+    events = sup.subscribe()
+    seen: list[Any] = []
+    try:
+        await _ready(sup, jobs)
+        ending = await until_event(events, lambda e: isinstance(e, JobEnding), 60,
+                                   "the time-left alert", seen)
+        assert 0 < ending.left_s <= 50
+        died = await until_event(events, lambda e: isinstance(e, Died), 90, "the death", seen)
+        dead_at = time.time()
+        assert died.death.ended_by is not None, died.death
+        assert died.death.ended_by.startswith("TIMEOUT: the job's 1 min time limit ended it")
+        assert "after READY" in died.death.ended_by
+        lines = death_lines(died.death)
+        assert "was ended by the scheduler" in lines[0] and "signal" not in lines[0]
+        assert lines[1].startswith("root cause: TIMEOUT") and "not a crash" in lines[1]
+        ended = await until_event(events, lambda e: isinstance(e, JobEnded), 60, "the end",
+                                  seen)
+        assert ended.end.state == "TIMEOUT"
+        fields = scontrol(jobs[0], cluster)
+        assert (fields["JobState"], fields["Reason"]) == ("TIMEOUT", "TimeLimit")
+        output = next(Path(sup.run.run_dir).glob("slurm-*.out")).read_text()
+        assert "DUE TO TIME LIMIT" in output
+        end_time = datetime.fromisoformat(fields["EndTime"]).timestamp()
+        record_figure("time limit -> DEAD told as TIMEOUT (s)", round(dead_at - end_time, 2))
+        assert not any(isinstance(e, Stalled) for e in seen)
+    finally:
+        await sup.close()
+    await _gone(sup.run.run_id)
+
+
+async def test_scancel_from_outside_is_cancelled(tmp_path: Path, cluster: Cluster,
+                                                 jobs: list[str]) -> None:
+    sup = Supervisor(load_profile(slurm_profile(tmp_path)))
+    events = sup.subscribe()
+    try:
+        await _ready(sup, jobs)
+        subprocess.run(["scancel", jobs[0]], env=cluster.env, check=True)
+        died = await next_event(events, Died, 30)
+        assert died.death.ended_by is not None, died.death
+        assert died.death.ended_by.startswith(f"CANCELLED: job {jobs[0]} was cancelled")
+        ended = await next_event(events, JobEnded, 30)
+        assert ended.end.state == "CANCELLED"
+        assert scontrol(jobs[0], cluster)["JobState"] == "CANCELLED"
+    finally:
+        await sup.close()
+    await _gone(sup.run.run_id)
+
+
+async def test_second_job_waits_queued_for_resources_then_ready(
+        tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
+    """Every node held by another job: the launch is "queued (Resources)" with the scheduler's
+    words, never a stall and never part of the load's time; READY once the nodes free up."""
+    blocker = subprocess.run(
+        ["sbatch", "--parsable", f"--nodes={len(cluster.nodes)}", "--exclusive",
+         "--time=5", f"--output={tmp_path}/blocker-%j.out", "--wrap", "sleep 300"],
+        env=cluster.env, capture_output=True, text=True, check=True).stdout.strip()
+    jobs.append(blocker)
+    sup = Supervisor(load_profile(slurm_profile(tmp_path)))
+    seen: list[Any] = []
+    try:
+        events, launching, started = await _launch(sup, jobs)
+        queued = await until_event(
+            events, lambda e: isinstance(e, JobQueued) and e.queued.reason == "Resources", 30,
+            "queued (Resources)", seen)
+        assert "queued (Resources: waiting for nodes to free up)" in queued.words()
+        await asyncio.sleep(3)  # queued a while: longer than nothing, never a stall
+        subprocess.run(["scancel", blocker], env=cluster.env, check=True)
+        allocated = await _event(events, JobAllocated, launching, 60)
+        assert allocated.waited_s >= 3
+        await _event(events, Ready, launching, 90)
+        await launching
+        assert sup.machine.launched_at is not None
+        assert sup.machine.launched_at >= time.time() - (time.monotonic() - started) + 3, \
+            "the queue's wait is not part of the launch's time"
+        assert not any(isinstance(e, Stalled) for e in seen)
+        record_figure("queued behind a busy partition -> allocated after the blocker's "
+                      "scancel (s)", round(allocated.waited_s, 1))
+    finally:
+        if sup.run is not None:
+            await sup.kill(2.0)
+        await sup.close()
+    if sup.run is not None:
+        await _gone(sup.run.run_id)
+
+
+async def test_check_asks_the_scheduler(tmp_path: Path, cluster: Cluster) -> None:
+    """`check` on a [slurm] profile: sbatch --test-only's answer, and a request over the
+    partition's limits refused in one line."""
+    good = Supervisor(load_profile(slurm_profile(tmp_path, name="fits")))
+    try:
+        checks = await good.run_preflight()
+    finally:
+        await good.close()
+    slurm_check = next(c for c in checks if c.check == "slurm")
+    assert slurm_check.ok and "would start it at" in slurm_check.message
+    assert "in partition batch" in slurm_check.message
+    too_long = Supervisor(load_profile(slurm_profile(tmp_path, name="long",
+                                                     time_limit="2:00:00")))
+    try:
+        with pytest.raises(PreflightFailed) as refused:
+            await too_long.run_preflight()
+    finally:
+        await too_long.close()
+    assert "slurm: the scheduler refuses the request" in str(refused.value)
+    assert "time limit" in str(refused.value).lower()
+
+
+async def _gone(run_id: str, timeout: float = 15) -> None:
+    """No process carrying the run id is left (the scheduler's end took them all)."""
+    deadline = time.monotonic() + timeout
+    while carriers(run_id) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert carriers(run_id) == []
+
+
+async def test_slurmd_killed_is_node_fail_naming_the_node(tmp_path: Path, cluster: Cluster,
+                                                          jobs: list[str]) -> None:
+    """The job's node stops answering the scheduler (its slurmd SIGKILLed): after SlurmdTimeout
+    the scheduler ends the job NODE_FAIL, and that is the verdict, naming the node. The
+    processes on a lost node are beyond the scheduler's reach (and so beyond a step's). The
+    job is not requeued (--no-requeue): this cluster requeues a failed node's jobs."""
+    sup = Supervisor(load_profile(slurm_profile(tmp_path,
+                                                extra='sbatch_args = ["--no-requeue"]')))
+    events = sup.subscribe()
+    node = ""
+    try:
+        await _ready(sup, jobs)
+        assert sup.job is not None and sup.job.node is not None
+        node = sup.job.node
+        cluster.kill_slurmd(node)
+        killed_at = time.monotonic()
+        died = await next_event(events, Died, 90)
+        record_figure("slurmd SIGKILL -> DEAD told as NODE_FAIL (s)",
+                      round(time.monotonic() - killed_at, 1))
+        assert died.death.ended_by == f"NODE_FAIL: the scheduler lost node {node}" or (
+            died.death.ended_by or "").startswith(f"NODE_FAIL: the scheduler lost node {node},")
+        ended = await next_event(events, JobEnded, 30)
+        assert ended.end.state == "NODE_FAIL" and ended.end.node == node
+        assert scontrol(jobs[0], cluster)["JobState"] == "NODE_FAIL"
+    finally:
+        await sup.close()
+        for pid in carriers(sup.run.run_id) if sup.run is not None else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # the lost node's leftovers: the lane's cleanup
+        if node:
+            cluster.start_slurmd(node)
+            cluster.wait_idle(60)  # ReturnToService=2: the node is back once it registers
+
+
+async def test_preempted_by_a_higher_priority_partition_is_requeued_in_words(
+        tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
+    """A job of the higher-PriorityTier partition takes every node: the run's job is preempted
+    and requeued (PreemptMode=REQUEUE); the verdict is the scheduler's REQUEUED, naming the
+    node, never a crash."""
+    sup = Supervisor(load_profile(slurm_profile(tmp_path)))
+    events = sup.subscribe()
+    try:
+        await _ready(sup, jobs)
+        assert sup.job is not None
+        node = sup.job.node
+        urgent = subprocess.run(
+            ["sbatch", "--parsable", "--partition=urgent", f"--nodes={len(cluster.nodes)}",
+             "--exclusive", "--time=2", f"--output={tmp_path}/urgent-%j.out", "--wrap",
+             "sleep 20"], env=cluster.env, capture_output=True, text=True,
+            check=True).stdout.strip()
+        jobs.append(urgent)
+        died = await next_event(events, Died, 60)
+        assert (died.death.ended_by or "").startswith(
+            f"REQUEUED: the scheduler took job {jobs[0]} off {node} and put it back in the "
+            "queue"), died.death
+        ended = await next_event(events, JobEnded, 30)
+        assert ended.end.state == "REQUEUED"
+        assert int(scontrol(jobs[0], cluster)["Restarts"]) >= 1
+    finally:
+        await sup.close()
+    await _gone(sup.run.run_id)
+
+
+def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """`specconsole ARGS` as a user runs it on the login node."""
+    return subprocess.run([sys.executable, "-m", "tui", *args], text=True, capture_output=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+
+
+async def test_the_cli_waits_for_a_job_then_kills_it_from_another_process(
+        tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
+    """`wait --launch` says the job's submission and node, then READY, and leaves the job
+    running; `kill` from another process finds the job from the run directory, kills through
+    a step on its node (verified there), scancels it and waits until it has left the queue;
+    a second `kill` is one line: the job is over."""
+    profile = slurm_profile(tmp_path)
+    waited = _cli("wait", str(profile), "--launch", "--timeout", "90s")
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    job_id = next(w for w in waited.stdout.split() if w.isdigit() and f"submitted job {w}"
+                  in waited.stdout)
+    jobs.append(job_id)
+    assert f"job {job_id} allocated on node-" in waited.stdout
+    assert "READY after" in waited.stdout
+    assert scontrol(job_id, cluster)["JobState"] == "RUNNING", "the job outlives `wait`"
+    status = _cli("status", str(profile))
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert re.search(rf"job {job_id} RUNNING on node-\d, \d+ min( \d+ s)? of 5 min left",
+                     status.stdout), status.stdout
+    killed = _cli("kill", str(profile), "--grace", "2")
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    assert "no process of the run remains" in killed.stdout
+    fields = scontrol(job_id, cluster)
+    assert fields["JobState"] == "CANCELLED"
+    queue = subprocess.run(["squeue", "--noheader", "--jobs", job_id], env=cluster.env,
+                           capture_output=True, text=True).stdout
+    assert queue.strip() == ""
+    run_id = Path(fields["StdOut"]).parent.name
+    assert carriers(run_id) == []
+    again = _cli("kill", str(profile), "--grace", "2")
+    assert again.returncode != 0
+    said = again.stderr.strip().splitlines()
+    assert len(said) == 1 and f"job {job_id} is over (CANCELLED)" in said[0], again.stderr
+
+
+async def test_restart_resubmits_live_or_over(tmp_path: Path, cluster: Cluster,
+                                              jobs: list[str]) -> None:
+    """Restart of a live job's run: killed and cancelled as `kill` does, then a new job;
+    restart after the job's end (scancel from outside): a new job at once."""
+    sup = Supervisor(load_profile(slurm_profile(tmp_path)))
+    try:
+        await _ready(sup, jobs)
+        events = sup.subscribe()  # from READY on
+        first = jobs[0]
+        restarting = asyncio.ensure_future(sup.restart(grace=2.0))
+        second = (await _event(events, JobSubmitted, restarting, 60)).job_id
+        jobs.append(second)
+        await _event(events, Ready, restarting, 90)
+        await restarting
+        assert second != first and scontrol(first, cluster)["JobState"] == "CANCELLED"
+        subprocess.run(["scancel", second], env=cluster.env, check=True)
+        await next_event(events, JobEnded, 30)
+        restarting = asyncio.ensure_future(sup.restart(grace=2.0))
+        third = (await _event(events, JobSubmitted, restarting, 60)).job_id
+        jobs.append(third)
+        await _event(events, Ready, restarting, 90)
+        await restarting
+        assert scontrol(third, cluster)["JobState"] == "RUNNING"
+        assert sup.job is not None and sup.job.job_id == third
+    finally:
+        if sup.run is not None and sup.job is not None and sup.job.end is None:
+            await sup.kill(2.0)
+        await sup.close()
+    await _gone(sup.run.run_id)

@@ -1,0 +1,343 @@
+"""Slurm's pure half (tui.core.slurm, the [slurm] table of tui.core.profile): the table's
+checks, the job script, the commands, and the scheduler's answers read into records and words.
+
+The scontrol, squeue and sbatch texts below were printed by the Slurm lane's real cluster
+(Debian's slurm-wlm 22.05.8, tests/slurm/slurmlab.py)."""
+
+from __future__ import annotations
+
+import shlex
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from tui.core.describe import death_lines
+from tui.core.errors import ProfileError
+from tui.core.profile import Profile, load_profile, loads_profile, slurm_time_seconds
+from tui.core.protocol import ProcExit
+from tui.core.slurm import (
+    FirstDeath,
+    allocated_summary,
+    allocation_end,
+    end_verdict,
+    expand_nodes,
+    job_script,
+    job_words,
+    never_starts,
+    parse_fields,
+    parse_job,
+    parse_job_id,
+    parse_queue,
+    parse_test_only,
+    pending_words,
+    queued_summary,
+    sbatch_options,
+    scheduler_end,
+    step_argv,
+)
+from tui.core.state import CauseUpdated, Died, LaunchMachine, State
+
+TIMEOUT_JOB = (
+    "JobId=19 JobName=job UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901741 "
+    "Nice=0 Account=(null) QOS=(null) JobState=TIMEOUT Reason=TimeLimit Dependency=(null) "
+    "Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:15 RunTime=00:01:18 "
+    "TimeLimit=00:01:00 TimeMin=N/A SubmitTime=2026-12-07T16:26:01 "
+    "EligibleTime=2026-12-07T16:26:01 AccrueTime=2026-12-07T16:26:01 "
+    "StartTime=2026-12-07T16:26:02 EndTime=2026-12-07T16:27:20 Deadline=N/A "
+    "PreemptEligibleTime=2026-12-07T16:26:02 PreemptTime=None SuspendTime=None "
+    "SecsPreSuspend=0 LastSchedEval=2026-12-07T16:26:02 Scheduler=Main Partition=batch "
+    "AllocNode:Sid=localhost:7350 ReqNodeList=(null) ExcNodeList=(null) NodeList=node-1 "
+    "BatchHost=node-1 NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:* "
+    "TRES=cpu=1,node=1,billing=1 Socks/Node=* NtasksPerN:B:S:C=1:0:*:* CoreSpec=* "
+    "MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 "
+    "OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) "
+    "Command=/tmp/runs/job-20261207-162601-91df93/job.sbatch WorkDir=/work/wt-slurm "
+    "StdErr=/tmp/runs/job-20261207-162601-91df93/slurm-19.out StdIn=/dev/null "
+    "StdOut=/tmp/runs/job-20261207-162601-91df93/slurm-19.out Power= \n")
+PENDING_JOB = (
+    "JobId=21 JobName=wrap UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901739 "
+    "Nice=0 Account=(null) QOS=(null) JobState=PENDING Reason=Resources Dependency=(null) "
+    "Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:00:00 "
+    "TimeLimit=00:02:00 TimeMin=N/A SubmitTime=2026-12-07T16:27:33 "
+    "EligibleTime=2026-12-07T16:27:33 AccrueTime=2026-12-07T16:27:33 StartTime=Unknown "
+    "EndTime=Unknown Deadline=N/A SuspendTime=None SecsPreSuspend=0 "
+    "LastSchedEval=2026-12-07T16:27:34 Scheduler=Main Partition=batch "
+    "AllocNode:Sid=localhost:8394 ReqNodeList=(null) ExcNodeList=(null) NodeList= "
+    "NumNodes=1-1 NumCPUs=1 NumTasks=1 CPUs/Task=1 Command=(null) WorkDir=/work/main "
+    "StdErr=/dev/null StdIn=/dev/null StdOut=/dev/null Power= \n")
+BASE = '[host]\ntarget = "local"\n[server]\nengine = "vllm"\nmodel = "/models/m"\n'
+
+
+def _profile(slurm: str) -> Profile:
+    return loads_profile(BASE + "[slurm]\n" + slurm, "/profiles/serve.toml")
+
+
+# --- the table ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("30", 1800), ("1:30", 90), ("4:00:00", 14400), ("1-12", 129600), ("1-12:30", 131400),
+    ("1-0:0:5", 86405)])
+def test_slurm_time_is_read_as_sbatch_reads_it(text: str, seconds: int) -> None:
+    assert slurm_time_seconds(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["0", "abc", "4h", "UNLIMITED", "1:2:3:4", ""])
+def test_slurm_time_refuses_what_is_no_limit_or_not_slurms(text: str) -> None:
+    with pytest.raises(ValueError):
+        slurm_time_seconds(text)
+
+
+def test_a_full_table_loads() -> None:
+    profile = _profile('partition = "gpu"\naccount = "proj1"\nqos = "high"\ntime = "4:00:00"\n'
+                       'gpus_per_node = 8\ncpus_per_task = 32\nmem = "256G"\n'
+                       'constraint = "h100"\nsbatch_args = ["--exclusive", "--reservation=r1"]\n'
+                       'job_name = "kimi"\nalert_before = "15m"\n')
+    slurm = profile.slurm
+    assert slurm is not None
+    assert (slurm.partition, slurm.time_limit_s, slurm.gpus_per_node) == ("gpu", 14400, 8)
+    assert (slurm.reach, slurm.alert_before, slurm.nodes) == ("step", 900.0, 1)
+    assert slurm.sbatch_args == ("--exclusive", "--reservation=r1")
+
+
+@pytest.mark.parametrize(("table", "line", "key", "words"), [
+    ('partition = "gpu"\ntime = "4h"\n', 8, "slurm.time", "invalid Slurm time '4h'"),
+    ('gres = "gpu:8"\ngpus_per_node = 8\n', 7, "slurm.gres", "not both"),
+    ('sbatch_args = ["--output=x.out"]\n', 7, "slurm.sbatch_args",
+     "--output is written by specconsole's job script"),
+    ('sbatch_args = ["-Jname"]\n', 7, "slurm.sbatch_args", "[slurm].job_name"),
+    ('sbatch_args = ["exclusive"]\n', 7, "slurm.sbatch_args", "expected an sbatch option"),
+    ('partition = "gpu a100"\n', 7, "slurm.partition", "one word"),
+    ('mem = "lots"\n', 7, "slurm.mem", "memory size"),
+    ('nodes = 2\n', 7, "slurm.nodes", "one node so far"),
+    ('reach = "ssh"\n', 7, "slurm.reach", "expected one of: step"),
+    ('parttion = "gpu"\n', 7, "slurm.parttion", "did you mean 'partition'?"),
+    ('alert_before = "soon"\n', 7, "slurm.alert_before", "invalid duration"),
+])
+def test_a_bad_table_is_one_line_naming_file_line_and_key(table: str, line: int, key: str,
+                                                          words: str) -> None:
+    with pytest.raises(ProfileError) as refused:
+        _profile(table)
+    said = str(refused.value)
+    assert "\n" not in said
+    assert said.startswith(f"/profiles/serve.toml:{line}: {key}"), said
+    assert words in said, said
+
+
+def test_slurm_beside_a_container_is_refused_where_it_is_written() -> None:
+    text = BASE + '[container]\nimage = "vllm/vllm-openai"\n[slurm]\npartition = "gpu"\n'
+    with pytest.raises(ProfileError) as refused:
+        loads_profile(text, "/p/serve.toml")
+    assert str(refused.value).startswith("/p/serve.toml:8: slurm: [container] is not supported")
+
+
+# --- the job script and the commands ----------------------------------------------------------
+
+def test_the_job_script_has_the_tables_sbatch_lines_then_the_command(tmp_path: Path) -> None:
+    path = tmp_path / "kimi.toml"
+    path.write_text(BASE + '[slurm]\npartition = "gpu"\ntime = "4:00:00"\ngpus_per_node = 8\n'
+                           'mem = "64G"\nsbatch_args = ["--exclusive"]\n')
+    profile = load_profile(path)
+    run_dir = "/home/u/runs/kimi-1"
+    script = job_script(profile, "kimi-1", run_dir,
+                        ["python3", "-c", "print('a b')", "$(touch /tmp/x)"],
+                        stdin=f"{run_dir}/agent.stdin")
+    lines = script.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    directives = [ln.removeprefix("#SBATCH ") for ln in lines if ln.startswith("#SBATCH ")]
+    assert directives == ["--job-name=kimi", f"--output={run_dir}/slurm-%j.out", "--nodes=1",
+                          "--ntasks-per-node=1", "--partition=gpu", "--time=4:00:00",
+                          "--gpus-per-node=8", "--mem=64G", "--exclusive"]
+    assert directives == sbatch_options(profile, run_dir)
+    # the command is quoted word by word: a profile value stays text
+    assert shlex.split(lines[-1]) == ["python3", "-c", "print('a b')", "$(touch /tmp/x)", "<",
+                                      f"{run_dir}/agent.stdin"]
+    # the run id is the server's (the agent sets it), never the script's own environment
+    assert not any(ln.startswith("export SPECCONSOLE_RUN_ID") for ln in lines)
+    assert "SPECCONSOLE_RUN_ID=kimi-1" in script
+
+
+def test_the_agent_reaches_the_node_as_an_overlapping_step() -> None:
+    argv = step_argv("494583", "node-07", ["python3", "-u", "-c", "x", "watch"])
+    assert argv[:2] == ["srun", "--jobid=494583"]
+    assert {"--overlap", "--nodes=1", "--ntasks=1", "--nodelist=node-07"} <= set(argv)
+    assert argv[-5:] == ["python3", "-u", "-c", "x", "watch"]
+
+
+def test_sbatch_parsable_job_id() -> None:
+    assert parse_job_id("494583\n") == "494583"
+    assert parse_job_id("494583;cluster2\n") == "494583"
+    with pytest.raises(ValueError):
+        parse_job_id("sbatch: error: Batch job submission failed")
+
+
+def test_test_only_answer_and_refusal() -> None:
+    ok = parse_test_only(0, "sbatch: Job 2 to start at 2026-12-07T16:17:16 using 1 processors "
+                            "on nodes node-1 in partition batch\n")
+    assert ok.ok and (ok.start, ok.nodes, ok.partition) == ("2026-12-07T16:17:16", "node-1",
+                                                            "batch")
+    assert ok.summary() == ("the scheduler would start it at 2026-12-07T16:17:16 on node-1 in "
+                            "partition batch")
+    refused = parse_test_only(1, "allocation failure: Requested time limit is invalid (missing "
+                                 "or exceeds some limit)\n")
+    assert not refused.ok and "Requested time limit is invalid" in refused.summary()
+    partition = parse_test_only(1, "sbatch: error: invalid partition specified: nope\n"
+                                   "allocation failure: Invalid partition name specified\n")
+    assert partition.error == "invalid partition specified: nope"
+
+
+# --- the scheduler's answers --------------------------------------------------------------------
+
+def test_fields_with_spaces_run_to_the_next_key() -> None:
+    fields = parse_fields("JobId=7 Command=/opt/my jobs/run.sh --x WorkDir=/home/u Power= ")
+    assert fields == {"JobId": "7", "Command": "/opt/my jobs/run.sh --x",
+                      "WorkDir": "/home/u", "Power": ""}
+
+
+def test_a_timed_out_job_read_from_scontrol() -> None:
+    job = parse_job(TIMEOUT_JOB)
+    assert (job.job_id, job.state, job.reason, job.nodes) == ("19", "TIMEOUT", "TimeLimit",
+                                                              ("node-1",))
+    assert (job.exit_code, job.exit_signal, job.time_limit_s, job.run_time_s) == (0, 15, 60, 78)
+    assert job.ended and not job.pending
+    assert job.end_time == datetime(2026, 12, 7, 16, 27, 20)
+    end = scheduler_end(job)
+    assert end is not None and end.schedulers_doing
+    assert end.words(45) == "TIMEOUT: the job's 1 min time limit ended it, 45 s after READY"
+
+
+def test_a_pending_job_and_its_queue_line() -> None:
+    job = parse_job(PENDING_JOB)
+    assert job.pending and not job.ended and job.nodes == () and job.start_time is None
+    assert scheduler_end(job) is None
+    assert job.time_left_s(datetime(2026, 12, 7, 16, 28)) is None
+    line = parse_queue("21|PENDING|Resources|N/A|\n")
+    assert line is not None and (line.reason, line.start) == ("Resources", None)
+    assert queued_summary(line) == "queued (Resources: waiting for nodes to free up)"
+    assert parse_queue("") is None
+    later = parse_queue("22|PENDING|Priority|2026-12-07T18:00:00|\n")
+    assert later is not None
+    assert queued_summary(later) == ("queued (Priority: jobs of higher priority are ahead of "
+                                     "it), expected start 2026-12-07T18:00:00")
+
+
+def test_a_running_jobs_time_left() -> None:
+    running = parse_job(PENDING_JOB.replace("JobState=PENDING", "JobState=RUNNING")
+                        .replace("EndTime=Unknown", "EndTime=2026-12-07T16:29:33")
+                        .replace("NodeList= ", "NodeList=node-[1-2] "))
+    assert running.time_left_s(datetime(2026, 12, 7, 16, 28, 3)) == 90
+    assert allocated_summary(running) == "allocated on node-1 (+1)"
+
+
+def test_a_job_in_status_words() -> None:
+    running = parse_job(TIMEOUT_JOB.replace("JobState=TIMEOUT", "JobState=RUNNING")
+                        .replace("TimeLimit=00:01:00", "TimeLimit=04:00:00"))
+    assert job_words(running, datetime(2026, 12, 7, 16, 15, 20)) == (
+        "job 19 RUNNING on node-1, 12 min of 4 h left")
+    assert job_words(parse_job(TIMEOUT_JOB), datetime(2026, 12, 7, 16, 30)) == (
+        "job 19 TIMEOUT on node-1")
+
+
+def test_reasons_that_never_start_by_themselves() -> None:
+    assert never_starts("JobHeldUser") and never_starts("DependencyNeverSatisfied")
+    assert not never_starts("Resources") and not never_starts("Priority")
+    held = parse_queue("9|PENDING|JobHeldAdmin|N/A|\n")
+    assert held is not None and queued_summary(held).endswith("it cannot start until someone "
+                                                              "acts")
+    assert pending_words("QOSMaxWallDurationPerJobLimit").startswith(
+        "QOSMaxWallDurationPerJobLimit: a limit of its QOS or account is reached")
+    assert pending_words("SomethingNew") == "SomethingNew"
+
+
+def test_host_lists_expand() -> None:
+    assert expand_nodes("node-[1-3,7]") == ("node-1", "node-2", "node-3", "node-7")
+    assert expand_nodes("gpu[07-09],login1") == ("gpu07", "gpu08", "gpu09", "login1")
+    assert expand_nodes("node-1") == ("node-1",)
+
+
+@pytest.mark.parametrize(("state", "exit_code", "words"), [
+    ("CANCELLED", "0:15", "CANCELLED: job 19 was cancelled (scancel)"),
+    ("NODE_FAIL", "0:0", "NODE_FAIL: the scheduler lost node node-1"),
+    ("PREEMPTED", "0:15", "PREEMPTED: a job of a higher priority took its node on node-1"),
+    ("OUT_OF_MEMORY", "0:125", "OUT_OF_MEMORY: the job's memory limit killed it on node-1"),
+    ("FAILED", "1:0", "FAILED: the job's script ended with exit code 1 on node-1"),
+    ("COMPLETED", "0:0", "COMPLETED: the job's script ended with exit code 0"),
+])
+def test_each_end_in_words(state: str, exit_code: str, words: str) -> None:
+    job = parse_job(TIMEOUT_JOB.replace("JobState=TIMEOUT", f"JobState={state}")
+                    .replace("ExitCode=0:15", f"ExitCode={exit_code}"))
+    end = scheduler_end(job)
+    assert end is not None and end.words() == words
+
+
+def test_the_end_combined_with_the_first_death() -> None:
+    timeout = scheduler_end(parse_job(TIMEOUT_JOB))
+    failed = scheduler_end(parse_job(TIMEOUT_JOB.replace("JobState=TIMEOUT", "JobState=FAILED")
+                                     .replace("ExitCode=0:15", "ExitCode=1:0")))
+    assert timeout is not None and failed is not None
+    ended_at = 1000.0
+    # a worker killed by the wall time: the scheduler's end, the worker its victim
+    assert end_verdict(timeout, FirstDeath("Worker_TP3", 1000.5), ended_at) == (
+        "TIMEOUT: the job's 1 min time limit ended it; Worker_TP3 was ended by it")
+    # a worker that crashed long before the wall time stays the worker's
+    assert end_verdict(timeout, FirstDeath("Worker_TP3", 900.0), ended_at).startswith(
+        "Worker_TP3 died first; then TIMEOUT")
+    # its own crash, the job failing after: the crash is the verdict, the job's end follows
+    assert end_verdict(failed, FirstDeath("Worker_TP3", 990.0), ended_at) == (
+        "Worker_TP3 died; the job then ended (FAILED: the job's script ended with exit code 1 "
+        "on node-1)")
+    assert end_verdict(timeout, None, ended_at).startswith("TIMEOUT")
+
+
+# --- the scheduler's end in the launch machine ---------------------------------------------------
+
+T0 = 1_000.0
+
+
+def _started() -> LaunchMachine:
+    machine = LaunchMachine()
+    machine.started(100, T0, T0)
+    return machine
+
+
+def test_a_death_the_scheduler_caused_is_told_as_its_doing() -> None:
+    machine = _started()
+    died = machine.feed_exit(ProcExit(100, "APIServer", None, 15, T0 + 60, True), T0 + 60)
+    assert any(isinstance(e, Died) for e in died)
+    updated = machine.ended_by_scheduler("TIMEOUT: the job's 1 min time limit ended it", T0 + 61)
+    assert [type(e) for e in updated] == [CauseUpdated]
+    death = updated[0].death
+    assert death.ended_by == "TIMEOUT: the job's 1 min time limit ended it"
+    lines = death_lines(death)
+    assert "was ended by the scheduler" in lines[0] and "signal 15" not in lines[0]
+    assert lines[1] == ("root cause: TIMEOUT: the job's 1 min time limit ended it (the "
+                        "scheduler's doing, not a crash)")
+    assert machine.ended_by_scheduler(death.ended_by, T0 + 62) == []  # said once
+
+
+def test_a_job_ended_before_the_agent_saw_a_death_is_still_a_death() -> None:
+    machine = _started()
+    events = machine.ended_by_scheduler("CANCELLED: job 7 was cancelled (scancel)", T0 + 5)
+    died = [e for e in events if isinstance(e, Died)]
+    assert len(died) == 1 and machine.state is State.DEAD
+    assert died[0].death.ended_by == "CANCELLED: job 7 was cancelled (scancel)"
+
+
+def test_our_own_kill_is_never_the_schedulers_end() -> None:
+    machine = _started()
+    machine.killing(T0 + 5)
+    assert machine.ended_by_scheduler("CANCELLED: job 7 was cancelled (scancel)", T0 + 6) == []
+    assert machine.death is None
+
+
+def test_a_requeue_ends_the_runs_allocation() -> None:
+    running = parse_job(TIMEOUT_JOB.replace("JobState=TIMEOUT", "JobState=RUNNING"))
+    assert allocation_end(running, 0, "node-1") is None
+    requeued = parse_job(PENDING_JOB.replace("Restarts=0", "Restarts=1"))
+    end = allocation_end(requeued, 0, "node-1")
+    assert end is not None and end.schedulers_doing
+    assert end.words() == ("REQUEUED: the scheduler took job 21 off node-1 and put it back in "
+                           "the queue (a node's failure or a preemption); the requeued job is "
+                           "not followed")
+    assert allocation_end(parse_job(TIMEOUT_JOB), 0, "node-1") == scheduler_end(
+        parse_job(TIMEOUT_JOB))

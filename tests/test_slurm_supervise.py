@@ -1,0 +1,71 @@
+"""The supervisor's side of a job's death: a death the agent reports while the scheduler is
+ending the job is told as the scheduler's from its first word (the Died event itself), and a
+worker's own death while the job runs stays the worker's. The login node here is a stand-in
+session that answers `scontrol show job` with the lane's real text (tests/test_slurm_core.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from test_slurm_core import TIMEOUT_JOB
+
+from tui.core.profile import loads_profile
+from tui.core.protocol import ProcExit
+from tui.core.state import Died
+from tui.remote.interface import CommandResult, Session, Stream
+from tui.supervise.slurmjob import JobRun
+from tui.supervise.supervisor import Supervisor
+
+PROFILE = ('[host]\ntarget = "local"\n[server]\nengine = "vllm"\nmodel = "/m"\n'
+           '[slurm]\npartition = "batch"\ntime = "1"\n')
+
+
+class LoginNode(Session):
+    """Answers `scontrol show job -o 19` with `answer`; nothing else is asked of it."""
+
+    host = "login"
+    is_local = True
+
+    def __init__(self, answer: str) -> None:
+        self.answer = answer
+        self.asked: list[list[str]] = []
+
+    async def run(self, argv: list[str], stdin: bytes = b"",
+                  timeout: float | None = None) -> CommandResult:
+        self.asked.append(argv)
+        assert argv[:3] == ["scontrol", "show", "job"], argv
+        return CommandResult(0, self.answer.encode(), b"")
+
+    async def stream(self, argv: list[str], stdin: bytes = b"") -> Stream:
+        raise AssertionError(f"not streamed here: {argv}")
+
+    async def close(self) -> None:
+        pass
+
+
+async def _death_in_job(state: str, tmp_path: Path) -> tuple[Died, LoginNode]:
+    sup = Supervisor(loads_profile(PROFILE, tmp_path / "job.toml"))
+    login = LoginNode(TIMEOUT_JOB.replace("JobState=TIMEOUT", f"JobState={state}"))
+    sup.login = sup.session = login
+    sup.job = JobRun("19", node="node-1")
+    events = sup.subscribe()
+    sup.machine.started(100, sup.clock(), sup.clock())
+    sup._dispatch(ProcExit(100, "APIServer", None, 15, sup.clock(), True))
+    while not isinstance(event := await asyncio.wait_for(events.get(), 5), Died):
+        pass
+    return event, login
+
+
+async def test_a_death_while_the_scheduler_ends_the_job_is_its_doing_from_the_start(
+        tmp_path: Path) -> None:
+    died, login = await _death_in_job("TIMEOUT", tmp_path)
+    assert login.asked == [["scontrol", "show", "job", "-o", "19"]]
+    assert died.death.ended_by is not None
+    assert died.death.ended_by.startswith("TIMEOUT: the job's 1 min time limit ended it")
+
+
+async def test_a_death_while_the_job_runs_stays_the_processs(tmp_path: Path) -> None:
+    died, _ = await _death_in_job("RUNNING", tmp_path)
+    assert died.death.ended_by is None
+    assert died.death.summary().startswith("APIServer (pid 100) died, signal 15")

@@ -1,0 +1,197 @@
+"""Slurm on the login node: submit a run's job, ask the scheduler about it, cancel it, and reach
+its node as a step of the job (StepSession) so that the agent runs there as on any host.
+
+The job script and the reading of the scheduler's answers are tui.core.slurm's; this module
+runs the commands through the login node's session and writes the run directory's files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tui.core import slurm
+from tui.core.command import host_python, served_by
+from tui.core.errors import AgentError, SessionError
+from tui.core.profile import Profile
+from tui.core.protocol import agent_stdin
+from tui.remote.agent_archive import agent_archive
+from tui.remote.interface import CommandResult, Session, Stream, one_line
+from tui.remote.launcher import LaunchPlan, agent_target
+
+AGENT_STDIN = "agent.stdin"  # the agent's launch spec (and archive) the job script reads
+JOB_RECORD = "slurm.json"  # the run's job id, for whoever finds the run directory later
+POLL_S = 1.0
+_RUN_DIR = ("import os,sys;d=os.path.abspath(os.path.expanduser(sys.argv[1]));"
+            "os.makedirs(d,0o700);print(d)")
+_WRITE = ("import os,sys;"
+          "f=os.open(sys.argv[1],os.O_WRONLY|os.O_CREAT|os.O_EXCL,int(sys.argv[2],8));"
+          "o=os.fdopen(f,'wb');o.write(sys.stdin.buffer.read());o.close()")
+
+
+class StepSession(Session):
+    """Commands on a job's node, each a step of the job run from the login node (`srun --jobid
+    J --overlap -w NODE`: tui.core.slurm.step_argv), its stdin and stdout forwarded; no SSH to
+    the node. Closing it closes the login node's session."""
+
+    is_local = False
+
+    def __init__(self, login: Session, job_id: str, node: str) -> None:
+        self.login = login
+        self.job_id = job_id
+        self.node = node
+        self.host = f"{node} (job {job_id})"
+
+    async def run(self, argv: list[str], stdin: bytes = b"",
+                  timeout: float | None = None) -> CommandResult:
+        return await self.login.run(slurm.step_argv(self.job_id, self.node, argv), stdin,
+                                    timeout)
+
+    async def stream(self, argv: list[str], stdin: bytes = b"") -> Stream:
+        return await self.login.stream(slurm.step_argv(self.job_id, self.node, argv), stdin)
+
+    async def close(self) -> None:
+        await self.login.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    run_id: str
+    run_dir: str
+    job_id: str
+    script: str  # the job script's path, kept in the run directory
+
+
+async def _checked(session: Session, argv: list[str], stdin: bytes = b"",
+                   timeout: float = 60) -> str:
+    done = await session.run(argv, stdin, timeout)
+    if done.returncode != 0:
+        said = done.stderr_text().strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
+        raise SessionError(session.host, f"{argv[0]} failed: {one_line(said[0])}")
+    return done.stdout.decode("utf-8", "replace")
+
+
+def launch_spec(profile: Profile, plan: LaunchPlan) -> dict[str, object]:
+    """The agent's launch spec inside the job: the bare launch's, into the run directory made
+    beforehand (`prepared`), staying until the server ends (`hold`)."""
+    return {"run_id": plan.run_id, "runs_dir": profile.host.runs_dir,
+            "profile_key": profile.key, "argv": plan.argv, "env": plan.env,
+            "redact": list(plan.secrets), "cwd": profile.host.workdir,
+            "served": served_by(profile).to_wire(), "container": None,
+            "prepared": True, "hold": True}
+
+
+async def test_only(session: Session, profile: Profile) -> slurm.TestOnly:
+    """Ask the scheduler whether the profile's job could run, and when (sbatch --test-only,
+    the script on stdin: nothing is written or submitted)."""
+    script = slurm.job_script(profile, "test-only", "/tmp", ["true"])
+    done = await session.run(slurm.test_only_argv(), script.encode(), 60)
+    if done.returncode == 127:
+        return slurm.TestOnly(False, error="sbatch is not installed on the login node "
+                                           f"{profile.host.target}")
+    return slurm.parse_test_only(done.returncode, done.stderr_text())
+
+
+async def submit(session: Session, profile: Profile, plan: LaunchPlan) -> Submitted:
+    """Make the run directory on the login node, write the agent's launch spec and the job
+    script into it (both kept: the script can be read and rerun), sbatch it, record the job
+    id there."""
+    python = host_python(profile)
+    runs_dir = profile.host.runs_dir.rstrip("/")
+    run_dir = (await _checked(session, [python, "-c", _RUN_DIR,
+                                        f"{runs_dir}/{plan.run_id}"])).strip()
+    target = agent_target(profile)
+    stdin_path = f"{run_dir}/{AGENT_STDIN}"
+    # the archive and the spec (the server's environment, secrets too) readable by the user only
+    await _checked(session, [python, "-c", _WRITE, stdin_path, "600"],
+                   agent_stdin(agent_archive().data, launch_spec(profile, plan)))
+    script = slurm.job_script(profile, plan.run_id, run_dir, target.argv("launch"),
+                              stdin=stdin_path)
+    script_path = f"{run_dir}/{slurm.JOB_SCRIPT}"
+    await _checked(session, [python, "-c", _WRITE, script_path, "700"], script.encode())
+    try:
+        job_id = slurm.parse_job_id(await _checked(session, slurm.submit_argv(script_path)))
+    except ValueError as exc:
+        raise SessionError(session.host, str(exc)) from None
+    await _checked(session, [python, "-c", _WRITE, f"{run_dir}/{JOB_RECORD}", "600"],
+                   json.dumps({"job_id": job_id, "script": script_path}).encode())
+    return Submitted(plan.run_id, run_dir, job_id, script_path)
+
+
+async def job_of(session: Session, profile: Profile, run_dir: str) -> str | None:
+    """The job id recorded in a run directory (JOB_RECORD), or None when there is none."""
+    done = await session.run([host_python(profile), "-c",
+                              "import sys;sys.stdout.write(open(sys.argv[1]).read())",
+                              f"{run_dir}/{JOB_RECORD}"], timeout=30)
+    if done.returncode != 0:
+        return None
+    try:
+        job_id = json.loads(done.stdout.decode("utf-8", "replace")).get("job_id")
+    except (ValueError, AttributeError):
+        return None
+    return str(job_id) if job_id else None
+
+
+async def hold_for_kill(session: Session, profile: Profile, run_dir: str) -> None:
+    """Keep the job after its server ends while the console kills and verifies through a step
+    of it (the agent's launch.KILL_HOLD); scancel ends it after."""
+    await _checked(session, [host_python(profile), "-c",
+                             "import sys;open(sys.argv[1],'a').close()", f"{run_dir}/kill.hold"])
+
+
+async def show_job(session: Session, job_id: str) -> slurm.Job | None:
+    """The job as scontrol tells it; None once the scheduler has forgotten it (MinJobAge)."""
+    done = await session.run(slurm.show_job_argv(job_id), timeout=30)
+    if done.returncode != 0:
+        if "Invalid job id" in done.stderr_text():
+            return None
+        raise SessionError(session.host, f"scontrol show job {job_id} failed: "
+                                         f"{one_line(done.stderr_text().strip())}")
+    return slurm.parse_job(done.stdout.decode("utf-8", "replace"))
+
+
+async def queued(session: Session, job_id: str) -> slurm.Queued | None:
+    done = await session.run(slurm.queue_argv(job_id), timeout=30)
+    return slurm.parse_queue(done.stdout.decode("utf-8", "replace"))
+
+
+async def wait_started(session: Session, job_id: str,
+                       on_queued: Callable[[slurm.Queued], None]) -> slurm.Job:
+    """Follow the job until it runs on a node or ends; each change of its queue line (state,
+    reason, expected start) is told to `on_queued`."""
+    last: slurm.Queued | None = None
+    while True:
+        job = await show_job(session, job_id)
+        if job is None:
+            raise AgentError(session.host, f"job {job_id} vanished from the scheduler")
+        if job.ended or (job.state == "RUNNING" and job.node is not None):
+            return job
+        if job.pending:
+            line = await queued(session, job_id)
+            if line is not None and line != last:
+                on_queued(line)
+                last = line
+        await asyncio.sleep(POLL_S)
+
+
+async def cancel(session: Session, job_id: str, timeout: float = 60) -> slurm.Job | None:
+    """scancel, then wait until the job has left the queue (ended, not completing); the job as
+    it ended, or None once forgotten. SessionError when it is still listed after `timeout`."""
+    done = await session.run(slurm.cancel_argv(job_id), timeout=60)
+    said = one_line(done.stderr_text().strip())
+    if done.returncode != 0 and "already completing or completed" not in said:
+        raise SessionError(session.host, f"scancel {job_id} failed: {said}")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        job = await show_job(session, job_id)
+        line = await queued(session, job_id)
+        if (job is None or job.ended) and line is None:
+            return job
+        if loop.time() > deadline:
+            state = job.state if job is not None else line.state if line else "?"
+            raise SessionError(session.host, f"job {job_id} is still listed ({state}) "
+                                             f"{timeout:g} s after scancel")
+        await asyncio.sleep(0.5)
