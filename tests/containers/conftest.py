@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import sim_server
+from helpers import keep_figure, sim_server
 
 from containers.setup_docker import IMAGE
 
@@ -142,9 +142,4 @@ def remove_containers_of(run_id: str) -> None:
 
 def record_figure(name: str, value: object) -> None:
     """Keep a measured figure for `bootstrap containers` to print."""
-    path = os.environ.get(FIGURES_ENV)
-    if not path:
-        return
-    figures = json.loads(Path(path).read_text()) if Path(path).exists() else {}
-    figures[name] = value
-    Path(path).write_text(json.dumps(figures))
+    keep_figure(FIGURES_ENV, name, value)

@@ -27,6 +27,7 @@ from containers.conftest import (
 from containers.setup_docker import IMAGE, ensure_daemon
 from tui.core.profile import load_profile
 from tui.core.state import Died, Ready
+from tui.supervise.events import RunInfo
 from tui.supervise.supervisor import Supervisor
 
 HOSTILE = Path(__file__).resolve().parent / "hostile"
@@ -49,6 +50,18 @@ def _decoy_container(runtime: str) -> str:
     return name
 
 
+async def _launched_ready(sup: Supervisor, remove_containers: list[str],
+                          cleanup: list[str]) -> RunInfo:
+    """Launch the supervisor's profile (its container removed and its processes killed after
+    the test, whatever happens) and wait for READY."""
+    events = sup.subscribe()
+    run = await sup.launch(skip_preflight=True)
+    remove_containers.append(run.run_id)
+    cleanup.append(run.run_id)
+    await next_event(events, Ready, 60)
+    return run
+
+
 def _running(runtime: str, name: str) -> bool:
     done = subprocess.run([runtime, "inspect", "-f", "{{.State.Running}}", name],
                           capture_output=True, text=True)
@@ -69,12 +82,8 @@ async def test_a_container_that_rewrites_what_it_can_reach_moves_nothing_on_the_
         f'HOSTILE_DECOY_PID = "{bystander.pid}"', 1)
     profile.write_text(text)
     sup = Supervisor(load_profile(profile))
-    events = sup.subscribe()
     try:
-        run = await sup.launch(skip_preflight=True)
-        remove_containers.append(run.run_id)
-        cleanup.append(run.run_id)
-        await next_event(events, Ready, 60)
+        run = await _launched_ready(sup, remove_containers, cleanup)
         said = json.loads(report.read_text())
         # the run directory is not in the container: only its own log is
         assert said["found"] == ["server.log"], said
@@ -113,12 +122,8 @@ async def test_secrets_are_not_in_what_inspect_shows_and_listen_is_the_published
     profile.write_text(profile.read_text().replace(
         "[server]\n", '[server]\nsecret_env = ["HF_TOKEN"]\nlisten = "127.0.0.1"\n', 1))
     sup = Supervisor(load_profile(profile))
-    events = sup.subscribe()
     try:
-        run = await sup.launch(skip_preflight=True)
-        remove_containers.append(run.run_id)
-        cleanup.append(run.run_id)
-        await next_event(events, Ready, 60)
+        run = await _launched_ready(sup, remove_containers, cleanup)
         (cid,) = containers_of(run.run_id, runtime)
         port = sup.profile.server.port
         published = subprocess.run([runtime, "port", cid], capture_output=True, text=True,

@@ -7,13 +7,13 @@ a test fails saying how to start it: never a skip.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import keep_figure
 
 from slurm.slurmlab import Cluster
 
@@ -58,9 +58,4 @@ def jobs(cluster: Cluster) -> Iterator[list[str]]:
 
 def record_figure(name: str, value: object) -> None:
     """Keep a measured figure for `bootstrap slurm` to print."""
-    path = os.environ.get(FIGURES_ENV)
-    if not path:
-        return
-    figures = json.loads(Path(path).read_text()) if Path(path).exists() else {}
-    figures[name] = value
-    Path(path).write_text(json.dumps(figures))
+    keep_figure(FIGURES_ENV, name, value)
