@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tui.core.describe import death_lines
+from tui.core.describe import death_lines, describe
 from tui.core.errors import ProfileError
+from tui.core.phases import Phase
 from tui.core.profile import Profile, load_profile, loads_profile, slurm_time_seconds
 from tui.core.protocol import ProcExit
 from tui.core.slurm import (
@@ -31,12 +32,14 @@ from tui.core.slurm import (
     parse_queue,
     parse_test_only,
     pending_words,
+    queue_detail,
     queued_summary,
     sbatch_options,
     scheduler_end,
     step_argv,
 )
-from tui.core.state import CauseUpdated, Died, LaunchMachine, State
+from tui.core.state import CauseUpdated, Died, LaunchMachine, PhaseChanged, State
+from tui.core.status import status_line, timeline_rows, view_of
 
 TIMEOUT_JOB = (
     "JobId=19 JobName=job UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901741 "
@@ -341,3 +344,45 @@ def test_a_requeue_ends_the_runs_allocation() -> None:
                            "not followed")
     assert allocation_end(parse_job(TIMEOUT_JOB), 0, "node-1") == scheduler_end(
         parse_job(TIMEOUT_JOB))
+
+
+def test_the_queue_is_the_timelines_first_phase_never_a_stall_nor_the_loads_time() -> None:
+    """Queued with the scheduler's reason and expected start, a PhaseChanged each time what it
+    says changes; nothing stalls or times out in the queue; the ETA and the load's time start
+    at the allocation, and the queue stays on the timeline, before the launch."""
+    machine = LaunchMachine(stall_timeout_s=5.0, expected_load_s=100.0)
+    machine.preflight(T0)
+    first = parse_queue("21|PENDING|Priority|N/A|\n")
+    assert first is not None
+    events = machine.queued(queue_detail(first), T0)
+    assert [(e.phase, e.detail) for e in events if isinstance(e, PhaseChanged)] == [
+        (Phase.QUEUED, "job 21 · Priority: jobs of higher priority are ahead of it")]
+    assert describe(events[0]) == [
+        "phase: queued (job 21 · Priority: jobs of higher priority are ahead of it)"]
+    assert machine.queued(queue_detail(first), T0 + 1) == []  # said once
+    later = parse_queue("21|PENDING|Resources|2026-12-07T18:00:00|\n")
+    assert later is not None
+    changed = machine.queued(queue_detail(later), T0 + 2)
+    assert [e.detail for e in changed if isinstance(e, PhaseChanged)] == [
+        "job 21 · Resources: waiting for nodes to free up · expected start 2026-12-07T18:00:00"]
+    assert machine.tick(T0 + 600) == [] and machine.state is State.PREFLIGHT
+    view = view_of(machine)
+    assert view.eta(T0 + 30) is None
+    assert status_line(view, T0 + 30) == (
+        "job 21 · Resources: waiting for nodes to free up · expected start "
+        "2026-12-07T18:00:00 · 30.0s")
+    [row] = timeline_rows(view, T0 + 30)
+    assert (row.mark, row.label, row.duration_s, row.current) == ("▶", "queued", 30.0, True)
+    machine.allocated("job 21 allocated on node-7", T0 + 120)
+    machine.started(300, T0 + 125, T0 + 125)
+    assert machine.timeline is not None and machine.timeline.current is None
+    view = view_of(machine)
+    assert view.eta(T0 + 135) == 90.0, "the queue is not part of the load's expected time"
+    assert view.elapsed(T0 + 135) == 10.0
+    rows = timeline_rows(view, T0 + 135)
+    assert [(r.mark, r.label, r.start_s, r.duration_s, r.detail) for r in rows] == [
+        ("✓", "queued", -125.0, 120.0, "job 21 allocated on node-7"),
+        ("▶", "starting Python", 0.0, 10.0, "")]
+    died = machine.feed_exit(ProcExit(300, "APIServer", 1, None, T0 + 136, True), T0 + 136)
+    death = next(e.death for e in died if isinstance(e, Died))
+    assert death.phase is None and death.since_launch == 11.0, "never a death in the queue"

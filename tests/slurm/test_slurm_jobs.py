@@ -23,10 +23,12 @@ from helpers import carriers, next_event, sim_profile, sim_server, until_event
 
 from slurm.conftest import record_figure
 from slurm.slurmlab import Cluster
-from tui.core.describe import death_lines
+from tui.core.describe import death_lines, describe
 from tui.core.errors import PreflightFailed
+from tui.core.phases import Phase
 from tui.core.profile import load_profile
-from tui.core.state import Died, Ready, Stalled, State
+from tui.core.state import Died, PhaseChanged, Ready, Stalled, State
+from tui.core.status import status_line, timeline_rows, view_of
 from tui.supervise.events import JobAllocated, JobEnded, JobEnding, JobQueued, JobSubmitted
 from tui.supervise.supervisor import Supervisor
 
@@ -191,6 +193,9 @@ async def test_time_limit_ends_the_job_as_timeout_in_words_never_a_crash(
         end_time = datetime.fromisoformat(fields["EndTime"]).timestamp()
         record_figure("time limit -> DEAD told as TIMEOUT (s)", round(dead_at - end_time, 2))
         assert not any(isinstance(e, Stalled) for e in seen)
+        queue = timeline_rows(view_of(sup.machine), time.time())[0]
+        assert queue.label == "queued" and queue.start_s < -3 and queue.duration_s >= 3
+        assert re.fullmatch(rf"job {jobs[-1]} allocated on node-\d", queue.detail), queue
     finally:
         await sup.close()
     await _gone(sup.run.run_id)
@@ -231,7 +236,15 @@ async def test_second_job_waits_queued_for_resources_then_ready(
             events, lambda e: isinstance(e, JobQueued) and e.queued.reason == "Resources", 30,
             "queued (Resources)", seen)
         assert "queued (Resources: waiting for nodes to free up)" in queued.words()
+        phase = await until_event(
+            events, lambda e: isinstance(e, PhaseChanged) and e.phase is Phase.QUEUED
+            and "Resources" in (e.detail or ""), 30, "the queued phase", seen)
+        assert describe(phase)[0].startswith(
+            f"phase: queued (job {jobs[-1]} · Resources: waiting for nodes to free up")
         await asyncio.sleep(3)  # queued a while: longer than nothing, never a stall
+        view = view_of(sup.machine)
+        assert view.queued and view.eta(time.time()) is None
+        assert status_line(view, time.time()).startswith(f"job {jobs[-1]} · Resources")
         subprocess.run(["scancel", blocker], env=cluster.env, check=True)
         allocated = await _event(events, JobAllocated, launching, 60)
         assert allocated.waited_s >= 3
@@ -241,6 +254,9 @@ async def test_second_job_waits_queued_for_resources_then_ready(
         assert sup.machine.launched_at >= time.time() - (time.monotonic() - started) + 3, \
             "the queue's wait is not part of the launch's time"
         assert not any(isinstance(e, Stalled) for e in seen)
+        queue = timeline_rows(view_of(sup.machine), time.time())[0]
+        assert queue.label == "queued" and queue.start_s < -3 and queue.duration_s >= 3
+        assert re.fullmatch(rf"job {jobs[-1]} allocated on node-\d", queue.detail), queue
         record_figure("queued behind a busy partition -> allocated after the blocker's "
                       "scancel (s)", round(allocated.waited_s, 1))
     finally:
@@ -249,6 +265,26 @@ async def test_second_job_waits_queued_for_resources_then_ready(
         await sup.close()
     if sup.run is not None:
         await _gone(sup.run.run_id)
+
+
+async def test_a_held_job_is_said_in_one_line_and_wait_exits_6(
+        tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
+    """A job that cannot start by itself (submitted held): `wait --launch` prints the queued
+    phase with the scheduler's reason, then one line, and exits 6; the job is cancelled, never
+    left in the queue to start later unwatched."""
+    profile = slurm_profile(tmp_path, name="held", extra='sbatch_args = ["--hold"]')
+    waited = _cli("wait", str(profile), "--launch", timeout=60)
+    assert waited.returncode == 6, waited.stdout + waited.stderr
+    job_id = re.search(r"submitted job (\d+)", waited.stdout)
+    assert job_id is not None, waited.stdout
+    jobs.append(job_id.group(1))
+    assert (f"phase: queued (job {job_id.group(1)} · JobHeldUser: held by its user"
+            in waited.stdout), waited.stdout
+    said = waited.stderr.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith(
+        f"job {job_id.group(1)} can never start as it is (JobHeldUser: held by its user"), said
+    assert f"cancelled it (scancel {job_id.group(1)})" in said[0]
+    assert scontrol(job_id.group(1), cluster)["JobState"] == "CANCELLED"
 
 
 async def test_check_asks_the_scheduler(tmp_path: Path, cluster: Cluster) -> None:

@@ -337,6 +337,14 @@ def queued_summary(queued: Queued) -> str:
     return f"queued ({pending_words(queued.reason)}){start}{never}"
 
 
+def queue_detail(queued: Queued) -> str:
+    """The queued phase's words on the timeline: `job 494583 · Resources: waiting for nodes to
+    free up · expected start 2026-12-07T16:20:01`."""
+    start = f" · expected start {queued.start}" if queued.start else ""
+    never = " · it cannot start until someone acts" if never_starts(queued.reason) else ""
+    return f"job {queued.job_id} · {pending_words(queued.reason)}{start}{never}"
+
+
 def allocated_summary(job: Job) -> str:
     """`allocated on node-07 (+3)`."""
     if not job.nodes:

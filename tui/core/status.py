@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from tui.core.describe import timed_out_words
 from tui.core.phases import Phase
 from tui.core.state import Death, LaunchMachine, ReadyTimedOut, Stalled, State
-from tui.core.timeline import PhaseSpan
+from tui.core.timeline import PhaseSpan, current_of
 from tui.core.units import duration
 
 OVERRUN = 1.5  # a phase this many times its usual duration is flagged
@@ -40,7 +40,13 @@ class RunView:
 
     @property
     def current(self) -> PhaseSpan | None:
-        return self.spans[-1] if self.spans else None
+        return current_of(self.spans)
+
+    @property
+    def queued(self) -> bool:
+        """A Slurm job still in the scheduler's queue: no load to time yet."""
+        cur = self.current
+        return cur is not None and cur.phase is Phase.QUEUED
 
     def elapsed(self, now: float) -> float:
         if self.launched_at is None:
@@ -51,7 +57,7 @@ class RunView:
         """Seconds to READY: from the usual phase durations when there is a history (the
         current phase's remainder plus every phase not reached yet), else from the profile's
         expected load time."""
-        if self.launched_at is None or self.finished_at is not None:
+        if self.launched_at is None or self.finished_at is not None or self.queued:
             return None
         if self.usual:
             entered = {span.phase.label for span in self.spans}
@@ -138,6 +144,8 @@ def status_line(view: RunView, now: float) -> str:
         text = f"{phase}{' ' + progress if progress else ''} · {elapsed}{_eta_text(view, now)}"
     elif view.state is State.STARTING:
         text = f"starting the server · {elapsed}{_eta_text(view, now)}"
+    elif view.queued and cur is not None and view.state in (State.PENDING, State.PREFLIGHT):
+        text = f"{cur.detail or 'queued'} · {elapsed}"
     elif view.state is State.PREFLIGHT:
         text = "preflight checks on the host"
     elif view.state is State.KILLING:
@@ -167,15 +175,20 @@ def timeline_rows(view: RunView, now: float) -> list[TimelineRow]:
     """Phases in order; the current one open, the one a death happened in marked."""
     rows = []
     launched = view.launched_at or 0.0
-    if view.launched_at is not None:  # process start to the first phase line: imports
-        first = view.spans[0].start if view.spans else None
+    phases = [span for span in view.spans if span.phase is not Phase.QUEUED]
+    for span in (s for s in view.spans if s.phase is Phase.QUEUED):  # a job's, before it all
+        rows.append(TimelineRow("▶" if span.end is None else "✓", span.phase.label,
+                                span.start - launched, span.duration(now), None,
+                                span.detail or "", span.end is None, False))
+    if view.launched_at is not None and not view.queued:  # process start to the first phase
+        first = phases[0].start if phases else None  # line: imports
         ended = view.state in (State.DEAD, State.STOPPED)
         took = (first if first is not None else (view.finished_at or now)) - launched
         failed = first is None and view.state is State.DEAD
         current = first is None and not ended
         rows.append(TimelineRow("✗" if failed else ("▶" if current else "✓"), STARTING,
                                 0.0, max(0.0, took), None, "", current, failed))
-    for span in view.spans:
+    for span in phases:
         current = span.end is None
         failed = span.failed or (view.state is State.DEAD and span is view.current
                                  and span.phase is not Phase.SERVING and view.death is not None

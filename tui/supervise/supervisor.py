@@ -30,6 +30,7 @@ from tui.core.describe import disk_words, gpu_verdict
 from tui.core.errors import (
     ConnectionLost,
     HostUnreachable,
+    JobNeverStarts,
     PreflightFailed,
     RunNotFound,
     SessionError,
@@ -39,6 +40,7 @@ from tui.core.logchunk import LineChunk
 from tui.core.logline import strip_escapes
 from tui.core.logwindow import Entry, entries
 from tui.core.noise import NoiseFilter, builtin_rules, rule_from_pattern
+from tui.core.phases import Phase
 from tui.core.profile import Profile
 from tui.core.protocol import (
     AgentFault,
@@ -262,7 +264,8 @@ class Supervisor:
         tl = m.timeline
         fields["phases"] = tuple((s.phase.label, round(s.start - tl.launched_at, 3),
                                   round(s.duration(self.clock()), 3))
-                                 for s in tl.spans) if tl is not None else ()
+                                 for s in tl.spans if s.phase is not Phase.QUEUED
+                                 ) if tl is not None else ()  # a job's queue: apart
         fields["engine_version"] = m.engine_version
         try:
             current = self.history.get(self.run.run_id)
@@ -502,16 +505,29 @@ class Supervisor:
                     Notice(f"submitted job {sub.job_id} ({sub.script})")])
 
         def queued(line: slurm.Queued) -> None:
-            event = JobQueued(sub.job_id, line)
-            self._emit([event, Notice(event.words())])
+            """The queue is the timeline's first phase (its PhaseChanged says the reason); a
+            reason that cannot change by itself ends the wait (JobNeverStarts)."""
+            self._emit([JobQueued(sub.job_id, line),
+                        *self.machine.queued(slurm.queue_detail(line), self.clock())])
+            if slurm.never_starts(line.reason):
+                raise JobNeverStarts(f"job {sub.job_id} can never start as it is "
+                                     f"({slurm.pending_words(line.reason)})")
 
-        job = await remote_slurm.wait_started(login, sub.job_id, queued)
+        try:
+            job = await remote_slurm.wait_started(login, sub.job_id, queued)
+        except JobNeverStarts as exc:
+            ended = await remote_slurm.cancel(login, sub.job_id)
+            self.job.end = slurm.SchedulerEnd(ended.state if ended else "CANCELLED",
+                                              sub.job_id, None, None, None, None, str(exc))
+            raise JobNeverStarts(f"{exc}: cancelled it (scancel {sub.job_id}); see "
+                                 f"{sub.script}") from None
         end = slurm.scheduler_end(job)
         if end is not None:
             self.job.end = end
             raise SpecconsoleError(f"job {sub.job_id} ended before it ran: {end.words()}")
         self.job.node, self.job.job, self.job.restarts = job.node, job, job.restarts
         allocated = JobAllocated(job, self.clock() - submitted_at)
+        self.machine.allocated(allocated.words(), self.clock())
         self._emit([allocated, Notice(allocated.words())])
         self.session = remote_slurm.StepSession(login, sub.job_id, str(job.node))
         record = await self._job_record(plan.run_id)
