@@ -365,3 +365,19 @@ def test_explain_with_its_profile_sets_aside_what_good_launches_survived(tmp_pat
     assert "root cause:    ValueError: max_model_len" in said
     assert "runner-up:     Failed to load plugin" in said
     assert "also logged by a launch of this profile that reached READY" in said
+
+
+async def test_a_job_nearing_its_time_limit_runs_the_on_ending_hook(tmp_path: Path) -> None:
+    """The time-left alert of a Slurm job reaches the profile's on_ending hook, as DEAD reaches
+    on_dead: the job, the time left and the words in SPECCONSOLE_* variables."""
+    from tui.supervise.events import JobEnding, RunInfo
+
+    log = tmp_path / "hooks.log"
+    extra = ('[alerts]\non_ending = "echo $SPECCONSOLE_EVENT $SPECCONSOLE_JOB_ID '
+             f'$SPECCONSOLE_LEFT_S $SPECCONSOLE_CAUSE >> {log}"\n')
+    sup = Supervisor(load_profile(sim_profile(tmp_path, "ready", extra=extra)))
+    sup.run = RunInfo("run-1", str(tmp_path), 1, 0.0, attached=False)
+    sup._emit([JobEnding("494583", 540.4)])
+    await async_wait_for(log.exists, 10, "the on_ending hook")
+    assert log.read_text() == ("ending 494583 540 job 494583 has 9 min left before its time "
+                               "limit ends it\n")

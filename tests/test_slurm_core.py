@@ -19,6 +19,7 @@ from tui.core.profile import Profile, load_profile, loads_profile, slurm_time_se
 from tui.core.protocol import ProcExit
 from tui.core.slurm import (
     FirstDeath,
+    JobClock,
     allocated_summary,
     allocation_end,
     end_verdict,
@@ -386,3 +387,35 @@ def test_the_queue_is_the_timelines_first_phase_never_a_stall_nor_the_loads_time
     died = machine.feed_exit(ProcExit(300, "APIServer", 1, None, T0 + 136, True), T0 + 136)
     death = next(e.death for e in died if isinstance(e, Died))
     assert death.phase is None and death.since_launch == 11.0, "never a death in the queue"
+
+
+def test_a_running_jobs_time_is_in_the_header_and_moves_with_the_clock() -> None:
+    running = parse_job(TIMEOUT_JOB.replace("JobState=TIMEOUT", "JobState=RUNNING")
+                        .replace("TimeLimit=00:01:00", "TimeLimit=04:00:00"))
+    clock = JobClock.of(running, T0, datetime(2026, 12, 7, 16, 15, 20))
+    assert clock == JobClock("19", "node-1", 4 * 3600, T0 + 12 * 60)
+    assert JobClock.of(parse_job(PENDING_JOB), T0, datetime(2026, 12, 7, 16, 15)) is None
+    machine = _started()
+    header = status_line(view_of(machine, job=clock), T0 + 60)
+    assert header == "starting the server · 1m00s · job 19 on node-1 · 11 min of 4 h left"
+    assert status_line(view_of(machine, job=clock), T0 + 11 * 60).endswith("1 min of 4 h left")
+    machine.feed_exit(ProcExit(100, "APIServer", 1, None, T0 + 700, True), T0 + 700)
+    assert "left" not in status_line(view_of(machine, job=clock), T0 + 700), "only while live"
+
+
+async def test_wait_says_a_job_nearing_its_time_limit_in_a_line() -> None:
+    """`wait` (past READY, or before it) prints the time-left alert as one line and goes on."""
+    import asyncio
+
+    from tui.cli.follow import OneHost, _follow
+    from tui.supervise.events import Fatal, JobEnding
+    from tui.supervise.supervisor import Supervisor
+
+    said: list[str] = []
+    events: asyncio.Queue[object] = asyncio.Queue()
+    for event in (JobEnding("494583", 300.0), Fatal("the end of this test")):
+        events.put_nowait(event)
+    sup = Supervisor(load_profile(Path(__file__).parent.parent / "profiles" / "demo.toml"))
+    code = await _follow(OneHost(sup), events, None, lambda text, **_: said.append(text), True)
+    assert said[0] == "TIME LIMIT NEAR: job 494583 has 5 min left before its time limit ends it"
+    assert code == 1 and said[1] == "ERROR: the end of this test"

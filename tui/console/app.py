@@ -61,9 +61,9 @@ from tui.supervise.supervisor import Supervisor
 
 PAGE_BYTES = 256 * 1024  # one scroll-back page fetched from the host
 WINDOW_MARKS = {"dead": "✗ DEAD", "stalled": "⚠ STALLED", "timeout": "⚠ NOT READY",
-                "ready": "✓ READY"}
+                "ending": "⚠ TIME LIMIT", "ready": "✓ READY"}
 # what a fleet row keeps
-FLEET_ALERTS = frozenset({"dead", "stalled", "timeout", "link", "error"})
+FLEET_ALERTS = frozenset({"dead", "stalled", "timeout", "ending", "link", "error"})
 PANE_ACTIONS = frozenset({"toggle_raw", "search", "next_match", "prev_match", "toggle_follow",
                           "next_pane", "prev_pane"})  # keys of an open member's panes
 FLEET_REDRAW_S = 0.2

@@ -357,9 +357,40 @@ def job_words(job: Job, now: datetime) -> str:
     """A job in `status`: `job 494583 RUNNING on node-07, 12 min of 4 h left`."""
     where = f" on {allocated_summary(job).removeprefix('allocated on ')}" if job.nodes else ""
     left = job.time_left_s(now)
-    limit = (f", {duration_words(left)} of {duration_words(job.time_limit_s)} left"
+    limit = (f", {time_left_words(left, job.time_limit_s)}"
              if left is not None and job.time_limit_s else "")
     return f"job {job.job_id} {job.state}{where}{limit}"
+
+
+def time_left_words(left_s: float, limit_s: float) -> str:
+    """`12 min of 4 h left`."""
+    return f"{duration_words(left_s)} of {duration_words(limit_s)} left"
+
+
+@dataclass(frozen=True, slots=True)
+class JobClock:
+    """A running job's time, for a header that ticks: its time limit and when it ends, on
+    the console's clock (seconds since the epoch)."""
+
+    job_id: str
+    node: str | None
+    limit_s: int
+    ends_at: float
+
+    @staticmethod
+    def of(job: Job, now: float, wall: datetime) -> JobClock | None:
+        """The clock of `job` as asked at `wall` (the scheduler's local time) = `now`; None
+        when it has no time limit or is not running."""
+        left = job.time_left_s(wall)
+        if left is None or not job.time_limit_s:
+            return None
+        return JobClock(job.job_id, job.node, job.time_limit_s, now + left)
+
+    def words(self, now: float) -> str:
+        """`job 494583 on node-07 · 12 min of 4 h left`."""
+        where = f" on {self.node}" if self.node else ""
+        left = max(0.0, self.ends_at - now)
+        return f"job {self.job_id}{where} · {time_left_words(left, self.limit_s)}"
 
 
 def duration_words(seconds: float) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from tui.core.describe import timed_out_words
 from tui.core.phases import Phase
+from tui.core.slurm import JobClock
 from tui.core.state import Death, LaunchMachine, ReadyTimedOut, Stalled, State
 from tui.core.timeline import PhaseSpan, current_of
 from tui.core.units import duration
@@ -37,6 +38,7 @@ class RunView:
     # each phase's usual duration (median of earlier successful launches of this profile+host)
     usual: Mapping[str, float] = field(default_factory=dict)
     timed_out: ReadyTimedOut | None = None  # given up on: not READY within the ready limit
+    job: JobClock | None = None  # a running Slurm job's time limit and end
 
     @property
     def current(self) -> PhaseSpan | None:
@@ -85,7 +87,7 @@ class RunView:
 
 def view_of(machine: LaunchMachine, *, stalled: Stalled | None = None,
             ready_took: float | None = None, link: str | None = None,
-            usual: Mapping[str, float] | None = None) -> RunView:
+            usual: Mapping[str, float] | None = None, job: JobClock | None = None) -> RunView:
     tl = machine.timeline
     return RunView(machine.state,
                    tuple(replace(s) for s in tl.spans) if tl is not None else (),
@@ -93,7 +95,7 @@ def view_of(machine: LaunchMachine, *, stalled: Stalled | None = None,
                    tl.finished_at if tl is not None else None,
                    machine.expected_load_s, machine.death,
                    stalled if machine.state is State.STALLED else None, ready_took, link,
-                   usual or {}, machine.timed_out)
+                   usual or {}, machine.timed_out, job)
 
 
 def timed_out_text(view: RunView) -> str:
@@ -154,6 +156,8 @@ def status_line(view: RunView, now: float) -> str:
         text = f"stopped after {elapsed} · no server running"
     else:
         text = "connecting"
+    if view.job is not None and view.state.live:
+        text = f"{text} · {view.job.words(now)}"
     return f"{view.link} · {text}" if view.link else text
 
 

@@ -248,6 +248,9 @@ class Supervisor:
             if self.profile.expect.stacks_on_stall and not self._stall_stacks:
                 self._stall_stacks = True  # once a stall: it is taken, or said why not
                 self._spawn(self._stacks_on_stall())
+        elif isinstance(event, JobEnding):
+            self._hook("ending", cause=event.words(), left_s=round(event.left_s),
+                       job_id=event.job_id)
         elif isinstance(event, ReadyTimedOut) and event.limit.kill and self.giving_up is None:
             self.giving_up = self._spawn(self._give_up())
         elif isinstance(event, StateChanged) and event.previous is State.STALLED:
@@ -525,7 +528,8 @@ class Supervisor:
         if end is not None:
             self.job.end = end
             raise SpecconsoleError(f"job {sub.job_id} ended before it ran: {end.words()}")
-        self.job.node, self.job.job, self.job.restarts = job.node, job, job.restarts
+        self.job.node, self.job.restarts = job.node, job.restarts
+        self.job.seen(job, self.clock())
         allocated = JobAllocated(job, self.clock() - submitted_at)
         self.machine.allocated(allocated.words(), self.clock())
         self._emit([allocated, Notice(allocated.words())])
@@ -550,7 +554,9 @@ class Supervisor:
         job = await remote_slurm.show_job(login, job_id)
         found = JobRun(job_id, f"{record.run_dir}/{slurm.JOB_SCRIPT}",
                        job.node if job is not None else None,
-                       job.restarts if job is not None else 0, job)
+                       job.restarts if job is not None else 0)
+        if job is not None:
+            found.seen(job, self.clock())
         found.end = found.end_of(job)
         if found.end is None and job is not None and job.state != "RUNNING":
             found.end = slurm.SchedulerEnd(job.state, job_id, job.node, None, None, None,
@@ -596,13 +602,12 @@ class Supervisor:
                 await self._job_over(job)
                 return
             assert job is not None
-            self.job.job = job
+            self.job.seen(job, self.clock())
             left = job.time_left_s(datetime.now())
             if (left is not None and left <= self.profile.slurm.alert_before
                     and not self.job.alerted):
                 self.job.alerted = True
-                ending = JobEnding(job.job_id, left)
-                self._emit([ending, Notice(ending.words(), "warning")])
+                self._emit([JobEnding(job.job_id, left)])  # the bell, tmux, on_ending, wait
 
     async def _job_over(self, job: slurm.Job | None) -> None:
         """The job has ended: its node is no longer reachable (the watch stops), and the
