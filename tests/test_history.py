@@ -66,6 +66,39 @@ def test_history_records_finds_by_prefix_and_gives_medians(tmp_path: Path) -> No
     assert h.update("nope", outcome="x") is None
 
 
+OLD_SCHEMA = """CREATE TABLE launches (run_id TEXT PRIMARY KEY, profile TEXT NOT NULL,
+    host TEXT NOT NULL, command TEXT, args TEXT NOT NULL DEFAULT '[]',
+    env_names TEXT NOT NULL DEFAULT '[]', engine_version TEXT, started REAL NOT NULL,
+    outcome TEXT NOT NULL, took REAL, exit_code INTEGER, cause TEXT,
+    phases TEXT NOT NULL DEFAULT '[]', ended REAL)"""
+
+
+def test_a_history_from_before_slurm_gains_the_jobs_columns_and_keeps_its_rows(
+        tmp_path: Path) -> None:
+    """A database written before the job's columns: opened, it gains them; its rows read on
+    (no job), and a job's launch records its id, nodes, queue wait and the scheduler's end."""
+    path = tmp_path / "h.sqlite3"
+    db = sqlite3.connect(path)
+    db.execute(OLD_SCHEMA)
+    db.execute("INSERT INTO launches VALUES ('old-1','kimi@gpu-7','gpu-7','vllm serve','[]',"
+               "'[]','0.16.0',?,'ready',800.0,NULL,NULL,'[]',NULL)", (T0,))
+    db.commit()
+    db.close()
+    h = History(path)
+    [old] = h.launches()
+    assert (old.run_id, old.took, old.job_id, old.nodes, old.job_summary()) == (
+        "old-1", 800.0, None, (), "")
+    h.record(launch("job-1", T0 + 10, 30.0, job_id="494583", nodes=("node-07", "node-08"),
+                    queued=133.0))
+    h.update("job-1", job_end="TIMEOUT: the job's 4 h time limit ended it, 3 h 58 min after "
+                              "READY")
+    job = h.get("job-1")
+    assert (job.job_id, job.nodes, job.queued) == ("494583", ("node-07", "node-08"), 133.0)
+    assert job.job_summary() == ("job 494583 on node-07,node-08, queued 2m13s; TIMEOUT: the "
+                                 "job's 4 h time limit ended it, 3 h 58 min after READY")
+    assert History(path).get("old-1") == old  # opened again: nothing added twice, nothing lost
+
+
 def test_diff_says_what_changed() -> None:
     a = launch("a", T0, 800.0, args=("--max-model-len", "8192"), env_names=("HF_TOKEN",),
                engine_version="0.16.0")

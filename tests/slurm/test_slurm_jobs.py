@@ -37,6 +37,7 @@ from tui.core.profile import load_profile
 from tui.core.state import Died, PhaseChanged, Ready, Stalled, State
 from tui.core.status import status_line, timeline_rows, view_of
 from tui.supervise.events import JobAllocated, JobEnded, JobEnding, JobQueued, JobSubmitted
+from tui.supervise.history import History
 from tui.supervise.supervisor import Supervisor
 
 
@@ -178,7 +179,8 @@ async def test_time_limit_ends_the_job_as_timeout_in_words_never_a_crash(
 [alerts]
 on_ending = 'echo "$SPECCONSOLE_EVENT $SPECCONSOLE_JOB_ID $SPECCONSOLE_CAUSE" >> {hooked}'
 """)
-    sup = Supervisor(load_profile(profile))
+    history = History(tmp_path / "history.sqlite3")
+    sup = Supervisor(load_profile(profile), history=history)
     events = sup.subscribe()
     seen: list[Any] = []
     try:
@@ -207,6 +209,12 @@ on_ending = 'echo "$SPECCONSOLE_EVENT $SPECCONSOLE_JOB_ID $SPECCONSOLE_CAUSE" >>
         assert ended.end.state == "TIMEOUT"
         fields = scontrol(jobs[0], cluster)
         assert (fields["JobState"], fields["Reason"]) == ("TIMEOUT", "TimeLimit")
+        recorded = history.get(sup.run.run_id)
+        assert recorded is not None and recorded.outcome == "dead"
+        assert (recorded.job_id, recorded.nodes) == (jobs[0], (fields["NodeList"],))
+        assert recorded.queued is not None and 0 <= recorded.queued < 30
+        assert (recorded.job_end or "").startswith("TIMEOUT: the job's 1 min time limit ended "
+                                                   "it"), recorded
         output = next(Path(sup.run.run_dir).glob("slurm-*.out")).read_text()
         assert "DUE TO TIME LIMIT" in output
         end_time = datetime.fromisoformat(fields["EndTime"]).timestamp()
@@ -297,7 +305,7 @@ async def test_a_held_job_is_said_in_one_line_and_wait_exits_6(
     assert (f"phase: queued (job {job_id.group(1)} · JobHeldUser: held by its user"
             in waited.stdout), waited.stdout
     said = waited.stderr.strip().splitlines()
-    assert len(said) == 1 and said[0].startswith(
+    assert len(said) == 1 and said[0].removeprefix("specconsole: ").startswith(
         f"job {job_id.group(1)} can never start as it is (JobHeldUser: held by its user"), said
     assert f"cancelled it (scancel {job_id.group(1)})" in said[0]
     assert scontrol(job_id.group(1), cluster)["JobState"] == "CANCELLED"

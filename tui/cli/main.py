@@ -386,8 +386,9 @@ def _history(history: History, args: argparse.Namespace) -> int:
     for launch in launches:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(launch.started))
         version = f" vllm {launch.engine_version}" if launch.engine_version else ""
+        job = f"  {launch.job_summary()}" if launch.job_id is not None else ""
         print(strip_escapes(f"{when}  {launch.run_id}  {launch.profile}{version}  "
-                            f"{launch.summary()}"))
+                            f"{launch.summary()}{job}"))
     return 0
 
 

@@ -29,6 +29,7 @@ class JobRun:
     script: str | None = None
     node: str | None = None
     restarts: int = 0  # the job's Restarts when the run's allocation began
+    queued_s: float | None = None  # from its submission to its allocation, when seen here
     job: slurm.Job | None = None
     end: slurm.SchedulerEnd | None = None
     alerted: bool = False  # the time-left alert was given

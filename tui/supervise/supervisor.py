@@ -248,6 +248,8 @@ class Supervisor:
             if self.profile.expect.stacks_on_stall and not self._stall_stacks:
                 self._stall_stacks = True  # once a stall: it is taken, or said why not
                 self._spawn(self._stacks_on_stall())
+        elif isinstance(event, JobEnded):
+            self._record(job_end=event.verdict)
         elif isinstance(event, JobEnding):
             self._hook("ending", cause=event.words(), left_s=round(event.left_s),
                        job_id=event.job_id)
@@ -531,6 +533,7 @@ class Supervisor:
         self.job.node, self.job.restarts = job.node, job.restarts
         self.job.seen(job, self.clock())
         allocated = JobAllocated(job, self.clock() - submitted_at)
+        self.job.queued_s = allocated.waited_s
         self.machine.allocated(allocated.words(), self.clock())
         self._emit([allocated, Notice(allocated.words())])
         self.session = remote_slurm.StepSession(login, sub.job_id, str(job.node))
@@ -660,10 +663,14 @@ class Supervisor:
             return
         args = tuple(redact(a, plan.secrets) for a in plan.argv)
         env_names = tuple(sorted({*self.profile.server.env, *self.profile.server.secret_env}))
+        job = self.job
         try:
-            self.history.record(Launch(plan.run_id, self.profile.key, self.profile.host.target,
-                                       now, command=shell_join(args), args=args,
-                                       env_names=env_names))
+            self.history.record(Launch(
+                plan.run_id, self.profile.key, self.profile.host.target, now,
+                command=shell_join(args), args=args, env_names=env_names,
+                job_id=job.job_id if job is not None else None,
+                nodes=job.job.nodes if job is not None and job.job is not None else (),
+                queued=round(job.queued_s, 3) if job and job.queued_s is not None else None))
         except (sqlite3.Error, OSError) as exc:
             self._history_failed = True
             self._emit([Notice(f"launch history not written ({self.history.path}): {exc}",
