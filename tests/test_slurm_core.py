@@ -419,3 +419,44 @@ async def test_wait_says_a_job_nearing_its_time_limit_in_a_line() -> None:
     code = await _follow(OneHost(sup), events, None, lambda text, **_: said.append(text), True)
     assert said[0] == "TIME LIMIT NEAR: job 494583 has 5 min left before its time limit ends it"
     assert code == 1 and said[1] == "ERROR: the end of this test"
+
+
+def test_the_server_of_a_job_someone_submitted_is_its_scripts_top_process() -> None:
+    """Of a job's processes on its node: the server, not the script's shell, srun, its engine
+    core or its workers."""
+    from tui.core.profile import AttachTarget
+    from tui.core.slurm import JobProc, job_server, parse_job_procs
+
+    procs = parse_job_procs(
+        '[{"pid": 10, "ppid": 1, "start": 5, "comm": "bash", "cmd": "/bin/bash job.sbatch"},'
+        ' {"pid": 11, "ppid": 10, "start": 6, "comm": "srun", "cmd": "srun vllm serve m"},'
+        ' {"pid": 20, "ppid": 3, "start": 7, "comm": "vllm", "cmd": "vllm serve m"},'
+        ' {"pid": 21, "ppid": 20, "start": 9, "comm": "VLLM::EngineCor", "cmd": "VLLM::Eng"},'
+        ' {"pid": 22, "ppid": 21, "start": 9, "comm": "VLLM::Worker_TP", "cmd": "VLLM::W"}]')
+    assert [p.pid for p in procs] == [10, 11, 20, 21, 22]
+    assert job_server(procs) == JobProc(20, 3, 7, "vllm", "vllm serve m")
+    assert job_server(procs[:2]) is None  # only the script's shell and srun: no server
+    assert parse_job_procs("not json") == () and parse_job_procs('[{"pid": 1}]') == ()
+    target = AttachTarget(slurm_job="494583")
+    assert target.label == "attached-job494583"
+    with pytest.raises(ValueError):
+        AttachTarget(container="box", slurm_job="494583")
+
+
+async def test_a_job_someone_else_submitted_is_not_killed_through_a_step() -> None:
+    """Its server's end ends their script and so the job, and the step reporting the kill with
+    it (seen in the Slurm lane): the kill is refused in one line saying to scancel it."""
+    from tui.core.attach import attach_profile
+    from tui.core.errors import SpecconsoleError
+    from tui.core.profile import AttachTarget
+    from tui.supervise.events import RunInfo
+    from tui.supervise.slurmjob import JobRun
+    from tui.supervise.supervisor import Supervisor
+
+    sup = Supervisor(attach_profile(AttachTarget(pid=4242, slurm_job="26")))
+    sup.run = RunInfo("attached-job26-1", "/tmp/x", 4242, 0.0, attached=True)
+    sup.job = JobRun("26", None, "node-1")
+    with pytest.raises(SpecconsoleError) as refused:
+        await sup.kill(2.0)
+    assert str(refused.value).endswith("end it with `scancel 26` (the scheduler's own kill)")
+    assert sup.machine.state is State.PENDING, "nothing was marked killing"

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -36,9 +37,12 @@ from tui.core.phases import Phase
 from tui.core.profile import load_profile
 from tui.core.state import Died, PhaseChanged, Ready, Stalled, State
 from tui.core.status import status_line, timeline_rows, view_of
+from tui.remote import launcher
 from tui.supervise.events import JobAllocated, JobEnded, JobEnding, JobQueued, JobSubmitted
 from tui.supervise.history import History
 from tui.supervise.supervisor import Supervisor
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def slurm_profile(tmp: Path, scenario: str = "ready", *, name: str = "job",
@@ -474,3 +478,46 @@ async def test_restart_resubmits_live_or_over(tmp_path: Path, cluster: Cluster,
             await sup.kill(2.0)
         await sup.close()
     await _gone(sup.run.run_id)
+
+
+async def test_attach_to_a_job_submitted_by_hand_then_kill_names_whose_it_is(
+        tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
+    """A job someone submitted with sbatch (the simulated server in their own script):
+    `attach --slurm-job J --wait` finds its server on the job's node through a step of the job
+    and follows it to READY; `kill` refuses in one line naming whose job it is; with --yes it
+    says to scancel it (a kill through a step cannot be verified: the job ends with its
+    server)."""
+    profile = load_profile(slurm_profile(tmp_path, name="byhand"))
+    plan = launcher.plan_launch(profile, dict(os.environ), time.time())
+    script = tmp_path / "byhand.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH --partition=batch\n#SBATCH --time=5\n"
+                      f"#SBATCH --output={tmp_path}/byhand-%j.out\n"
+                      f"export PYTHONPATH={shlex.quote(str(ROOT))}\n"
+                      + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in plan.env.items())
+                      + shlex.join(plan.argv) + "\n")
+    job_id = subprocess.run(["sbatch", "--parsable", str(script)], env=cluster.env, cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.strip()
+    jobs.append(job_id)
+    deadline = time.monotonic() + 30
+    while scontrol(job_id, cluster)["JobState"] != "RUNNING" and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    target = ["--slurm-job", job_id, "--port", str(profile.server.port), "--runs-dir",
+              str(tmp_path / "attached"), "--python", sys.executable]
+    attached = _cli("attach", *target, "--wait", "--timeout", "90s")
+    assert attached.returncode == 0, attached.stdout + attached.stderr
+    assert re.search(r"attached to run attached-job\d+-\S+ on local", attached.stdout)
+    assert "READY after" in attached.stdout
+    node = scontrol(job_id, cluster)["NodeList"]
+    refused = _cli("kill", *target, "--grace", "2")
+    said = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(said) == 1, refused.stdout + refused.stderr
+    assert f"job {job_id} of user root on {node}: pid " in said[0]
+    assert said[0].endswith("not killed; add --yes to kill it"), said
+    assert scontrol(job_id, cluster)["JobState"] == "RUNNING"
+    # killed through a step, the server's end ended the job (and the step reporting the kill)
+    # before the kill could be verified: an attached job is not killed so, it is said how to
+    killed = _cli("kill", *target, "--grace", "2", "--yes")
+    said = killed.stderr.strip().splitlines()
+    assert killed.returncode == 1 and len(said) == 1, killed.stdout + killed.stderr
+    assert said[0].endswith(f"end it with `scancel {job_id}` (the scheduler's own kill)"), said
+    assert scontrol(job_id, cluster)["JobState"] == "RUNNING"

@@ -8,6 +8,7 @@ login node is tui.remote.slurm's.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -468,6 +469,43 @@ def allocation_end(job: Job, restarts: int, node: str | None) -> SchedulerEnd | 
     if end is not None or (job.restarts <= restarts and not job.pending):
         return end
     return SchedulerEnd("REQUEUED", job.job_id, node, job.time_limit_s, None, None, job.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class JobProc:
+    """A process of a job on its node (its environment holds SLURM_JOB_ID): to find the server
+    in a job someone else submitted."""
+
+    pid: int
+    ppid: int
+    start: int  # clock ticks after boot (/proc/PID/stat)
+    comm: str
+    cmd: str
+
+
+# What a job script runs around its server: shells, Slurm's own tools, waiting.
+_AROUND_SERVER = frozenset({"bash", "sh", "dash", "zsh", "ksh", "srun", "slurmstepd", "sleep",
+                            "timeout", "tee", "env", "wait", "time"})
+
+
+def job_server(procs: Sequence[JobProc]) -> JobProc | None:
+    """The server's top process among a job's: the oldest of the processes that are neither a
+    shell nor Slurm's tool and whose parent is none of those (the script's `vllm serve`, not
+    its engine core or workers, whatever the script or srun around it)."""
+    served = [p for p in procs if p.comm not in _AROUND_SERVER]
+    pids = {p.pid for p in served}
+    return min((p for p in served if p.ppid not in pids), key=lambda p: (p.start, p.pid),
+               default=None)
+
+
+def parse_job_procs(text: str) -> tuple[JobProc, ...]:
+    """The node's answer to tui.remote.slurm's finder: JSON, a list of objects."""
+    try:
+        rows = json.loads(text)
+        return tuple(JobProc(int(r["pid"]), int(r["ppid"]), int(r["start"]), str(r["comm"]),
+                             str(r["cmd"])) for r in rows)
+    except (ValueError, KeyError, TypeError):
+        return ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,7 @@ from tui.core.logline import strip_escapes
 from tui.core.logwindow import Entry, entries
 from tui.core.noise import NoiseFilter, builtin_rules, rule_from_pattern
 from tui.core.phases import Phase
-from tui.core.profile import Profile
+from tui.core.profile import Profile, SlurmConfig
 from tui.core.protocol import (
     AgentFault,
     Check,
@@ -569,6 +569,30 @@ class Supervisor:
             self.session = remote_slurm.StepSession(login, job_id, found.node)
         return found
 
+    async def _attach_job(self, job_id: str) -> str:
+        """A running job someone else submitted (`attach --slurm-job J`): the session reaches
+        its node as a step of it, and its server's top process there is the pid attached to
+        (remote slurm.job_server); the job is followed as a launched one's (its time, its
+        end). Whose it is, for the confirmation before a kill: `job J of user U on NODE: `."""
+        assert self.profile.attach is not None
+        login = await self.login_session()
+        job = await remote_slurm.show_job(login, job_id)
+        if job is None:
+            raise RunNotFound(f"no job {job_id} in the scheduler (ended and forgotten, or never)")
+        if job.state != "RUNNING" or job.node is None:
+            why = f" ({slurm.pending_words(job.reason)})" if job.pending else ""
+            raise RunNotFound(f"job {job_id} is {job.state}{why}: no server runs in it to "
+                              "attach to")
+        self.job = JobRun(job_id, None, job.node, job.restarts)
+        self.job.seen(job, self.clock())
+        self.session = remote_slurm.StepSession(login, job_id, job.node)
+        found = await remote_slurm.job_server(self.session, self.profile, job_id)
+        if found is None:
+            raise RunNotFound(f"job {job_id} on {job.node} runs no process but its script's "
+                              "shell: no server to attach to")
+        self.profile = replace(self.profile, attach=replace(self.profile.attach, pid=found.pid))
+        return f"job {job_id} of user {job.user or '?'} on {job.node}: "
+
     async def _job_record(self, run_id: str) -> RunRecord:
         """The run as the agent on the job's node sees it, once the job script's agent has
         launched the server there."""
@@ -594,7 +618,9 @@ class Supervisor:
     async def _job_loop(self) -> None:
         """Ask the scheduler after the running job: the time left (one alert at the
         profile's alert_before), and its end (_job_over)."""
-        assert self.job is not None and self.profile.slurm is not None
+        assert self.job is not None
+        # an attached job (`attach --slurm-job`) has no [slurm] table: the default alert time
+        alert_before = (self.profile.slurm or SlurmConfig()).alert_before
         while self.job.end is None:
             await asyncio.sleep(JOB_POLL_S)
             try:
@@ -607,7 +633,7 @@ class Supervisor:
             assert job is not None
             self.job.seen(job, self.clock())
             left = job.time_left_s(datetime.now())
-            if (left is not None and left <= self.profile.slurm.alert_before
+            if (left is not None and left <= alert_before
                     and not self.job.alerted):
                 self.job.alerted = True
                 self._emit([JobEnding(job.job_id, left)])  # the bell, tmux, on_ending, wait
@@ -679,7 +705,10 @@ class Supervisor:
     async def select(self, record: RunRecord | None = None) -> RunRecord:
         """Make a run (the profile's newest when none is given) this supervisor's, unwatched:
         enough to kill it or read its log."""
+        whose = ""
         if record is None and self.profile.attach is not None:  # made (or found) by the agent
+            if self.profile.attach.slurm_job is not None:
+                whose = await self._attach_job(self.profile.attach.slurm_job)
             record = await launcher.attach(await self.connect(), self.profile, self.clock())
         record = record or await launcher.latest_run(await self.connect(), self.profile)
         if record is None or record.pid is None:
@@ -689,7 +718,7 @@ class Supervisor:
         started = record.started if record.started is not None else self.clock()
         self.run = RunInfo(record.run_id, record.run_dir, record.pid, started, attached=True,
                            served=record.served, owner=None if record.attached is None
-                           else attached_words(record.attached, self.clock()))
+                           else whose + attached_words(record.attached, self.clock()))
         if record.served is not None and (changes := served_changes(record.served,
                                                                     self.profile)):
             self._emit([Notice(f"run {record.run_id} was launched with {'; '.join(changes)}: "
@@ -956,6 +985,11 @@ class Supervisor:
         as a step of it, so nothing could be verified there."""
         assert self.job is not None and self.run is not None
         job_id = self.job.job_id
+        if self.job.script is None:  # attached (`attach --slurm-job`): someone else's script
+            raise SpecconsoleError(
+                f"job {job_id} runs someone else's script: its server's end ends the job, and "
+                "the kill's verification with it, so it is not killed through a step; end it "
+                f"with `scancel {job_id}` (the scheduler's own kill)")
         if self.job.end is not None:
             await remote_slurm.cancel(await self.login_session(), job_id)
             raise SpecconsoleError(
