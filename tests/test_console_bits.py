@@ -316,3 +316,20 @@ async def test_process_pane_widens_its_pid_column_for_container_pids() -> None:
         assert pane.get_cell_at((0, 0)) == "28566 (10)"
         assert [c.width for c in pane.columns.values()][:2] == [10, 16]
         await app.sup.close()
+
+
+def test_a_job_nearing_its_time_limit_rings_like_a_death() -> None:
+    """The time-left alert is a transition: the bell and tmux (ring), the banner, the fleet."""
+    from tui.console.app import FLEET_ALERTS, WINDOW_MARKS
+    from tui.console.bridge import Bridge
+    from tui.console.messages import AlertRaised
+    from tui.console.widgets.banner import KINDS
+    from tui.supervise.events import JobEnding
+
+    bridge = Bridge(Supervisor(load_profile(PROFILES / "demo.toml")))
+    alert = next(m for m in bridge.translate([JobEnding("494583", 600.0)], 0.0)
+                 if isinstance(m, AlertRaised))
+    assert (alert.kind, alert.ring) == ("ending", True)
+    assert alert.title == ("TIME LIMIT NEAR — job 494583 has 10 min left before its time limit "
+                           "ends it")
+    assert alert.kind in WINDOW_MARKS and alert.kind in FLEET_ALERTS and alert.kind in KINDS

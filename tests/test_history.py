@@ -66,6 +66,39 @@ def test_history_records_finds_by_prefix_and_gives_medians(tmp_path: Path) -> No
     assert h.update("nope", outcome="x") is None
 
 
+OLD_SCHEMA = """CREATE TABLE launches (run_id TEXT PRIMARY KEY, profile TEXT NOT NULL,
+    host TEXT NOT NULL, command TEXT, args TEXT NOT NULL DEFAULT '[]',
+    env_names TEXT NOT NULL DEFAULT '[]', engine_version TEXT, started REAL NOT NULL,
+    outcome TEXT NOT NULL, took REAL, exit_code INTEGER, cause TEXT,
+    phases TEXT NOT NULL DEFAULT '[]', ended REAL)"""
+
+
+def test_a_history_from_before_slurm_gains_the_jobs_columns_and_keeps_its_rows(
+        tmp_path: Path) -> None:
+    """A database written before the job's columns: opened, it gains them; its rows read on
+    (no job), and a job's launch records its id, nodes, queue wait and the scheduler's end."""
+    path = tmp_path / "h.sqlite3"
+    db = sqlite3.connect(path)
+    db.execute(OLD_SCHEMA)
+    db.execute("INSERT INTO launches VALUES ('old-1','kimi@gpu-7','gpu-7','vllm serve','[]',"
+               "'[]','0.16.0',?,'ready',800.0,NULL,NULL,'[]',NULL)", (T0,))
+    db.commit()
+    db.close()
+    h = History(path)
+    [old] = h.launches()
+    assert (old.run_id, old.took, old.job_id, old.nodes, old.job_summary()) == (
+        "old-1", 800.0, None, (), "")
+    h.record(launch("job-1", T0 + 10, 30.0, job_id="494583", nodes=("node-07", "node-08"),
+                    queued=133.0))
+    h.update("job-1", job_end="TIMEOUT: the job's 4 h time limit ended it, 3 h 58 min after "
+                              "READY")
+    job = h.get("job-1")
+    assert (job.job_id, job.nodes, job.queued) == ("494583", ("node-07", "node-08"), 133.0)
+    assert job.job_summary() == ("job 494583 on node-07,node-08, queued 2m13s; TIMEOUT: the "
+                                 "job's 4 h time limit ended it, 3 h 58 min after READY")
+    assert History(path).get("old-1") == old  # opened again: nothing added twice, nothing lost
+
+
 def test_diff_says_what_changed() -> None:
     a = launch("a", T0, 800.0, args=("--max-model-len", "8192"), env_names=("HF_TOKEN",),
                engine_version="0.16.0")
@@ -365,3 +398,19 @@ def test_explain_with_its_profile_sets_aside_what_good_launches_survived(tmp_pat
     assert "root cause:    ValueError: max_model_len" in said
     assert "runner-up:     Failed to load plugin" in said
     assert "also logged by a launch of this profile that reached READY" in said
+
+
+async def test_a_job_nearing_its_time_limit_runs_the_on_ending_hook(tmp_path: Path) -> None:
+    """The time-left alert of a Slurm job reaches the profile's on_ending hook, as DEAD reaches
+    on_dead: the job, the time left and the words in SPECCONSOLE_* variables."""
+    from tui.supervise.events import JobEnding, RunInfo
+
+    log = tmp_path / "hooks.log"
+    extra = ('[alerts]\non_ending = "echo $SPECCONSOLE_EVENT $SPECCONSOLE_JOB_ID '
+             f'$SPECCONSOLE_LEFT_S $SPECCONSOLE_CAUSE >> {log}"\n')
+    sup = Supervisor(load_profile(sim_profile(tmp_path, "ready", extra=extra)))
+    sup.run = RunInfo("run-1", str(tmp_path), 1, 0.0, attached=False)
+    sup._emit([JobEnding("494583", 540.4)])
+    await async_wait_for(log.exists, 10, "the on_ending hook")
+    assert log.read_text() == ("ending 494583 540 job 494583 has 9 min left before its time "
+                               "limit ends it\n")

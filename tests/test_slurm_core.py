@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tui.core.describe import death_lines
+from tui.core.describe import death_lines, describe
 from tui.core.errors import ProfileError
+from tui.core.phases import Phase
 from tui.core.profile import Profile, load_profile, loads_profile, slurm_time_seconds
 from tui.core.protocol import ProcExit
 from tui.core.slurm import (
     FirstDeath,
+    JobClock,
     allocated_summary,
     allocation_end,
     end_verdict,
@@ -31,12 +33,14 @@ from tui.core.slurm import (
     parse_queue,
     parse_test_only,
     pending_words,
+    queue_detail,
     queued_summary,
     sbatch_options,
     scheduler_end,
     step_argv,
 )
-from tui.core.state import CauseUpdated, Died, LaunchMachine, State
+from tui.core.state import CauseUpdated, Died, LaunchMachine, PhaseChanged, State
+from tui.core.status import status_line, timeline_rows, view_of
 
 TIMEOUT_JOB = (
     "JobId=19 JobName=job UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901741 "
@@ -341,3 +345,118 @@ def test_a_requeue_ends_the_runs_allocation() -> None:
                            "not followed")
     assert allocation_end(parse_job(TIMEOUT_JOB), 0, "node-1") == scheduler_end(
         parse_job(TIMEOUT_JOB))
+
+
+def test_the_queue_is_the_timelines_first_phase_never_a_stall_nor_the_loads_time() -> None:
+    """Queued with the scheduler's reason and expected start, a PhaseChanged each time what it
+    says changes; nothing stalls or times out in the queue; the ETA and the load's time start
+    at the allocation, and the queue stays on the timeline, before the launch."""
+    machine = LaunchMachine(stall_timeout_s=5.0, expected_load_s=100.0)
+    machine.preflight(T0)
+    first = parse_queue("21|PENDING|Priority|N/A|\n")
+    assert first is not None
+    events = machine.queued(queue_detail(first), T0)
+    assert [(e.phase, e.detail) for e in events if isinstance(e, PhaseChanged)] == [
+        (Phase.QUEUED, "job 21 · Priority: jobs of higher priority are ahead of it")]
+    assert describe(events[0]) == [
+        "phase: queued (job 21 · Priority: jobs of higher priority are ahead of it)"]
+    assert machine.queued(queue_detail(first), T0 + 1) == []  # said once
+    later = parse_queue("21|PENDING|Resources|2026-12-07T18:00:00|\n")
+    assert later is not None
+    changed = machine.queued(queue_detail(later), T0 + 2)
+    assert [e.detail for e in changed if isinstance(e, PhaseChanged)] == [
+        "job 21 · Resources: waiting for nodes to free up · expected start 2026-12-07T18:00:00"]
+    assert machine.tick(T0 + 600) == [] and machine.state is State.PREFLIGHT
+    view = view_of(machine)
+    assert view.eta(T0 + 30) is None
+    assert status_line(view, T0 + 30) == (
+        "job 21 · Resources: waiting for nodes to free up · expected start "
+        "2026-12-07T18:00:00 · 30.0s")
+    [row] = timeline_rows(view, T0 + 30)
+    assert (row.mark, row.label, row.duration_s, row.current) == ("▶", "queued", 30.0, True)
+    machine.allocated("job 21 allocated on node-7", T0 + 120)
+    machine.started(300, T0 + 125, T0 + 125)
+    assert machine.timeline is not None and machine.timeline.current is None
+    view = view_of(machine)
+    assert view.eta(T0 + 135) == 90.0, "the queue is not part of the load's expected time"
+    assert view.elapsed(T0 + 135) == 10.0
+    rows = timeline_rows(view, T0 + 135)
+    assert [(r.mark, r.label, r.start_s, r.duration_s, r.detail) for r in rows] == [
+        ("✓", "queued", -125.0, 120.0, "job 21 allocated on node-7"),
+        ("▶", "starting Python", 0.0, 10.0, "")]
+    died = machine.feed_exit(ProcExit(300, "APIServer", 1, None, T0 + 136, True), T0 + 136)
+    death = next(e.death for e in died if isinstance(e, Died))
+    assert death.phase is None and death.since_launch == 11.0, "never a death in the queue"
+
+
+def test_a_running_jobs_time_is_in_the_header_and_moves_with_the_clock() -> None:
+    running = parse_job(TIMEOUT_JOB.replace("JobState=TIMEOUT", "JobState=RUNNING")
+                        .replace("TimeLimit=00:01:00", "TimeLimit=04:00:00"))
+    clock = JobClock.of(running, T0, datetime(2026, 12, 7, 16, 15, 20))
+    assert clock == JobClock("19", "node-1", 4 * 3600, T0 + 12 * 60)
+    assert JobClock.of(parse_job(PENDING_JOB), T0, datetime(2026, 12, 7, 16, 15)) is None
+    machine = _started()
+    header = status_line(view_of(machine, job=clock), T0 + 60)
+    assert header == "starting the server · 1m00s · job 19 on node-1 · 11 min of 4 h left"
+    assert status_line(view_of(machine, job=clock), T0 + 11 * 60).endswith("1 min of 4 h left")
+    machine.feed_exit(ProcExit(100, "APIServer", 1, None, T0 + 700, True), T0 + 700)
+    assert "left" not in status_line(view_of(machine, job=clock), T0 + 700), "only while live"
+
+
+async def test_wait_says_a_job_nearing_its_time_limit_in_a_line() -> None:
+    """`wait` (past READY, or before it) prints the time-left alert as one line and goes on."""
+    import asyncio
+
+    from tui.cli.follow import OneHost, _follow
+    from tui.supervise.events import Fatal, JobEnding
+    from tui.supervise.supervisor import Supervisor
+
+    said: list[str] = []
+    events: asyncio.Queue[object] = asyncio.Queue()
+    for event in (JobEnding("494583", 300.0), Fatal("the end of this test")):
+        events.put_nowait(event)
+    sup = Supervisor(load_profile(Path(__file__).parent.parent / "profiles" / "demo.toml"))
+    code = await _follow(OneHost(sup), events, None, lambda text, **_: said.append(text), True)
+    assert said[0] == "TIME LIMIT NEAR: job 494583 has 5 min left before its time limit ends it"
+    assert code == 1 and said[1] == "ERROR: the end of this test"
+
+
+def test_the_server_of_a_job_someone_submitted_is_its_scripts_top_process() -> None:
+    """Of a job's processes on its node: the server, not the script's shell, srun, its engine
+    core or its workers."""
+    from tui.core.profile import AttachTarget
+    from tui.core.slurm import JobProc, job_server, parse_job_procs
+
+    procs = parse_job_procs(
+        '[{"pid": 10, "ppid": 1, "start": 5, "comm": "bash", "cmd": "/bin/bash job.sbatch"},'
+        ' {"pid": 11, "ppid": 10, "start": 6, "comm": "srun", "cmd": "srun vllm serve m"},'
+        ' {"pid": 20, "ppid": 3, "start": 7, "comm": "vllm", "cmd": "vllm serve m"},'
+        ' {"pid": 21, "ppid": 20, "start": 9, "comm": "VLLM::EngineCor", "cmd": "VLLM::Eng"},'
+        ' {"pid": 22, "ppid": 21, "start": 9, "comm": "VLLM::Worker_TP", "cmd": "VLLM::W"}]')
+    assert [p.pid for p in procs] == [10, 11, 20, 21, 22]
+    assert job_server(procs) == JobProc(20, 3, 7, "vllm", "vllm serve m")
+    assert job_server(procs[:2]) is None  # only the script's shell and srun: no server
+    assert parse_job_procs("not json") == () and parse_job_procs('[{"pid": 1}]') == ()
+    target = AttachTarget(slurm_job="494583")
+    assert target.label == "attached-job494583"
+    with pytest.raises(ValueError):
+        AttachTarget(container="box", slurm_job="494583")
+
+
+async def test_a_job_someone_else_submitted_is_not_killed_through_a_step() -> None:
+    """Its server's end ends their script and so the job, and the step reporting the kill with
+    it (seen in the Slurm lane): the kill is refused in one line saying to scancel it."""
+    from tui.core.attach import attach_profile
+    from tui.core.errors import SpecconsoleError
+    from tui.core.profile import AttachTarget
+    from tui.supervise.events import RunInfo
+    from tui.supervise.slurmjob import JobRun
+    from tui.supervise.supervisor import Supervisor
+
+    sup = Supervisor(attach_profile(AttachTarget(pid=4242, slurm_job="26")))
+    sup.run = RunInfo("attached-job26-1", "/tmp/x", 4242, 0.0, attached=True)
+    sup.job = JobRun("26", None, "node-1")
+    with pytest.raises(SpecconsoleError) as refused:
+        await sup.kill(2.0)
+    assert str(refused.value).endswith("end it with `scancel 26` (the scheduler's own kill)")
+    assert sup.machine.state is State.PENDING, "nothing was marked killing"

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -19,16 +20,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import carriers, next_event, sim_profile, sim_server, until_event
+from helpers import (
+    async_wait_for,
+    carriers,
+    next_event,
+    sim_profile,
+    sim_server,
+    until_event,
+)
 
 from slurm.conftest import record_figure
 from slurm.slurmlab import Cluster
-from tui.core.describe import death_lines
+from tui.core.describe import death_lines, describe
 from tui.core.errors import PreflightFailed
+from tui.core.phases import Phase
 from tui.core.profile import load_profile
-from tui.core.state import Died, Ready, Stalled, State
+from tui.core.state import Died, PhaseChanged, Ready, Stalled, State
+from tui.core.status import status_line, timeline_rows, view_of
+from tui.remote import launcher
 from tui.supervise.events import JobAllocated, JobEnded, JobEnding, JobQueued, JobSubmitted
+from tui.supervise.history import History
 from tui.supervise.supervisor import Supervisor
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def slurm_profile(tmp: Path, scenario: str = "ready", *, name: str = "job",
@@ -164,15 +178,28 @@ async def test_time_limit_ends_the_job_as_timeout_in_words_never_a_crash(
         tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
     """A one-minute job: the alert before its end, then the scheduler's TIMEOUT is the
     verdict (the server's SIGTERM from the scheduler is its doing, not a crash)."""
-    profile = slurm_profile(tmp_path, time_limit="1", extra='alert_before = "50s"')
-    sup = Supervisor(load_profile(profile))
+    hooked = tmp_path / "ending.log"
+    profile = slurm_profile(tmp_path, time_limit="1", extra=f"""alert_before = "50s"
+[alerts]
+on_ending = 'echo "$SPECCONSOLE_EVENT $SPECCONSOLE_JOB_ID $SPECCONSOLE_CAUSE" >> {hooked}'
+""")
+    history = History(tmp_path / "history.sqlite3")
+    sup = Supervisor(load_profile(profile), history=history)
     events = sup.subscribe()
     seen: list[Any] = []
     try:
         await _ready(sup, jobs)
+        assert sup.job is not None and sup.job.clock is not None
+        header = status_line(view_of(sup.machine, job=sup.job.clock), time.time())
+        assert re.search(rf"READY · serving · took \S+ · job {jobs[0]} on node-\d · "
+                         r"\d+ s of 1 min left$", header), header
         ending = await until_event(events, lambda e: isinstance(e, JobEnding), 60,
                                    "the time-left alert", seen)
         assert 0 < ending.left_s <= 50
+        await async_wait_for(hooked.exists, 10, "the on_ending hook")
+        assert hooked.read_text().startswith(
+            f"ending {jobs[0]} job {jobs[0]} has "), hooked.read_text()
+        assert "left before its time limit ends it" in hooked.read_text()
         died = await until_event(events, lambda e: isinstance(e, Died), 90, "the death", seen)
         dead_at = time.time()
         assert died.death.ended_by is not None, died.death
@@ -186,6 +213,12 @@ async def test_time_limit_ends_the_job_as_timeout_in_words_never_a_crash(
         assert ended.end.state == "TIMEOUT"
         fields = scontrol(jobs[0], cluster)
         assert (fields["JobState"], fields["Reason"]) == ("TIMEOUT", "TimeLimit")
+        recorded = history.get(sup.run.run_id)
+        assert recorded is not None and recorded.outcome == "dead"
+        assert (recorded.job_id, recorded.nodes) == (jobs[0], (fields["NodeList"],))
+        assert recorded.queued is not None and 0 <= recorded.queued < 30
+        assert (recorded.job_end or "").startswith("TIMEOUT: the job's 1 min time limit ended "
+                                                   "it"), recorded
         output = next(Path(sup.run.run_dir).glob("slurm-*.out")).read_text()
         assert "DUE TO TIME LIMIT" in output
         end_time = datetime.fromisoformat(fields["EndTime"]).timestamp()
@@ -231,7 +264,15 @@ async def test_second_job_waits_queued_for_resources_then_ready(
             events, lambda e: isinstance(e, JobQueued) and e.queued.reason == "Resources", 30,
             "queued (Resources)", seen)
         assert "queued (Resources: waiting for nodes to free up)" in queued.words()
+        phase = await until_event(
+            events, lambda e: isinstance(e, PhaseChanged) and e.phase is Phase.QUEUED
+            and "Resources" in (e.detail or ""), 30, "the queued phase", seen)
+        assert describe(phase)[0].startswith(
+            f"phase: queued (job {jobs[-1]} · Resources: waiting for nodes to free up")
         await asyncio.sleep(3)  # queued a while: longer than nothing, never a stall
+        view = view_of(sup.machine)
+        assert view.queued and view.eta(time.time()) is None
+        assert status_line(view, time.time()).startswith(f"job {jobs[-1]} · Resources")
         subprocess.run(["scancel", blocker], env=cluster.env, check=True)
         allocated = await _event(events, JobAllocated, launching, 60)
         assert allocated.waited_s >= 3
@@ -241,6 +282,9 @@ async def test_second_job_waits_queued_for_resources_then_ready(
         assert sup.machine.launched_at >= time.time() - (time.monotonic() - started) + 3, \
             "the queue's wait is not part of the launch's time"
         assert not any(isinstance(e, Stalled) for e in seen)
+        queue = timeline_rows(view_of(sup.machine), time.time())[0]
+        assert queue.label == "queued" and queue.start_s < -3 and queue.duration_s >= 3
+        assert re.fullmatch(rf"job {jobs[-1]} allocated on node-\d", queue.detail), queue
         record_figure("queued behind a busy partition -> allocated after the blocker's "
                       "scancel (s)", round(allocated.waited_s, 1))
     finally:
@@ -249,6 +293,26 @@ async def test_second_job_waits_queued_for_resources_then_ready(
         await sup.close()
     if sup.run is not None:
         await _gone(sup.run.run_id)
+
+
+async def test_a_held_job_is_said_in_one_line_and_wait_exits_6(
+        tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
+    """A job that cannot start by itself (submitted held): `wait --launch` prints the queued
+    phase with the scheduler's reason, then one line, and exits 6; the job is cancelled, never
+    left in the queue to start later unwatched."""
+    profile = slurm_profile(tmp_path, name="held", extra='sbatch_args = ["--hold"]')
+    waited = _cli("wait", str(profile), "--launch", timeout=60)
+    assert waited.returncode == 6, waited.stdout + waited.stderr
+    job_id = re.search(r"submitted job (\d+)", waited.stdout)
+    assert job_id is not None, waited.stdout
+    jobs.append(job_id.group(1))
+    assert (f"phase: queued (job {job_id.group(1)} · JobHeldUser: held by its user"
+            in waited.stdout), waited.stdout
+    said = waited.stderr.strip().splitlines()
+    assert len(said) == 1 and said[0].removeprefix("specconsole: ").startswith(
+        f"job {job_id.group(1)} can never start as it is (JobHeldUser: held by its user"), said
+    assert f"cancelled it (scancel {job_id.group(1)})" in said[0]
+    assert scontrol(job_id.group(1), cluster)["JobState"] == "CANCELLED"
 
 
 async def test_check_asks_the_scheduler(tmp_path: Path, cluster: Cluster) -> None:
@@ -414,3 +478,46 @@ async def test_restart_resubmits_live_or_over(tmp_path: Path, cluster: Cluster,
             await sup.kill(2.0)
         await sup.close()
     await _gone(sup.run.run_id)
+
+
+async def test_attach_to_a_job_submitted_by_hand_then_kill_names_whose_it_is(
+        tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
+    """A job someone submitted with sbatch (the simulated server in their own script):
+    `attach --slurm-job J --wait` finds its server on the job's node through a step of the job
+    and follows it to READY; `kill` refuses in one line naming whose job it is; with --yes it
+    says to scancel it (a kill through a step cannot be verified: the job ends with its
+    server)."""
+    profile = load_profile(slurm_profile(tmp_path, name="byhand"))
+    plan = launcher.plan_launch(profile, dict(os.environ), time.time())
+    script = tmp_path / "byhand.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH --partition=batch\n#SBATCH --time=5\n"
+                      f"#SBATCH --output={tmp_path}/byhand-%j.out\n"
+                      f"export PYTHONPATH={shlex.quote(str(ROOT))}\n"
+                      + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in plan.env.items())
+                      + shlex.join(plan.argv) + "\n")
+    job_id = subprocess.run(["sbatch", "--parsable", str(script)], env=cluster.env, cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.strip()
+    jobs.append(job_id)
+    deadline = time.monotonic() + 30
+    while scontrol(job_id, cluster)["JobState"] != "RUNNING" and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    target = ["--slurm-job", job_id, "--port", str(profile.server.port), "--runs-dir",
+              str(tmp_path / "attached"), "--python", sys.executable]
+    attached = _cli("attach", *target, "--wait", "--timeout", "90s")
+    assert attached.returncode == 0, attached.stdout + attached.stderr
+    assert re.search(r"attached to run attached-job\d+-\S+ on local", attached.stdout)
+    assert "READY after" in attached.stdout
+    node = scontrol(job_id, cluster)["NodeList"]
+    refused = _cli("kill", *target, "--grace", "2")
+    said = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(said) == 1, refused.stdout + refused.stderr
+    assert f"job {job_id} of user root on {node}: pid " in said[0]
+    assert said[0].endswith("not killed; add --yes to kill it"), said
+    assert scontrol(job_id, cluster)["JobState"] == "RUNNING"
+    # killed through a step, the server's end ended the job (and the step reporting the kill)
+    # before the kill could be verified: an attached job is not killed so, it is said how to
+    killed = _cli("kill", *target, "--grace", "2", "--yes")
+    said = killed.stderr.strip().splitlines()
+    assert killed.returncode == 1 and len(said) == 1, killed.stdout + killed.stderr
+    assert said[0].endswith(f"end it with `scancel {job_id}` (the scheduler's own kill)"), said
+    assert scontrol(job_id, cluster)["JobState"] == "RUNNING"

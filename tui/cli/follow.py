@@ -24,6 +24,7 @@ from tui.core.state import Death, Died, ProgressChanged, Ready, ReadyTimedOut, S
 from tui.core.units import duration
 from tui.supervise.events import (
     Fatal,
+    JobEnding,
     KillDone,
     LinkLost,
     LinkRestored,
@@ -232,6 +233,9 @@ async def _follow(target: Followed, events: asyncio.Queue[Any],
             say(target.link_words(seen), lost=isinstance(inner, LinkLost), **seen.fields)
         elif isinstance(inner, Notice):
             say(seen.words(inner.text), **seen.fields)
+        elif isinstance(inner, JobEnding):
+            say(seen.words(f"TIME LIMIT NEAR: {inner.words()}"), state="ending",
+                job_id=inner.job_id, left_s=round(inner.left_s), **seen.fields)
         elif isinstance(inner, ProgressChanged):
             if (seen.serves and inner.phase is Phase.WEIGHTS and inner.progress is not None
                     and int(inner.progress * 10) > decile):

@@ -321,15 +321,21 @@ def cmd_attach(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
 def _chosen(args: argparse.Namespace) -> Profile:
     """The profile named, or the in-memory one of `--container`/`--pid` (tui.core.attach)."""
     container, pid = getattr(args, "container", None), getattr(args, "pid", None)
-    if container is None and pid is None:
+    job = getattr(args, "slurm_job", None)
+    if container is None and pid is None and job is None:
         if not getattr(args, "profile", None):
-            raise ProfileError("<command line>", "name a profile, or --container/--pid")
+            raise ProfileError("<command line>", "name a profile, or --container/--pid/"
+                                                 "--slurm-job")
         return _profile(args.profile)
     if getattr(args, "profile", None):
-        raise ProfileError("<command line>", "a profile or --container/--pid, not both")
+        raise ProfileError("<command line>", "a profile or --container/--pid/--slurm-job, "
+                                             "not both")
     if pid is not None and pid <= 1:
         raise ProfileError("<command line>", f"--pid must be a process id above 1 (got {pid})")
-    target = AttachTarget(container=container, pid=pid, runtime=args.runtime, log=args.log)
+    if job is not None and not job.isdigit():
+        raise ProfileError("<command line>", f"--slurm-job must be a job id (got {job!r})")
+    target = AttachTarget(container=container, pid=pid, runtime=args.runtime, log=args.log,
+                          slurm_job=job)
     return attach_profile(target, host=args.host, engine=args.engine, port=args.port,
                           runs_dir=args.runs_dir, python=args.python)
 
@@ -342,6 +348,9 @@ def _target_args(sp: argparse.ArgumentParser, required: bool = False) -> None:
                                            "by specconsole: docker run, compose)")
     which.add_argument("--pid", type=int, help="a server process on the host (started by hand, "
                                                "by systemd)")
+    which.add_argument("--slurm-job", metavar="J", help="a running Slurm job someone submitted: "
+                                                        "its server, found on its node (--host: "
+                                                        "the login node)")
     sp.add_argument("--host", default="local", help="where it runs: an SSH target, or local")
     sp.add_argument("--engine", default="vllm", choices=ENGINES, help="whose log it is")
     sp.add_argument("--port", type=int, default=8000, help="the server's port (health)")
@@ -386,8 +395,9 @@ def _history(history: History, args: argparse.Namespace) -> int:
     for launch in launches:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(launch.started))
         version = f" vllm {launch.engine_version}" if launch.engine_version else ""
+        job = f"  {launch.job_summary()}" if launch.job_id is not None else ""
         print(strip_escapes(f"{when}  {launch.run_id}  {launch.profile}{version}  "
-                            f"{launch.summary()}"))
+                            f"{launch.summary()}{job}"))
     return 0
 
 

@@ -48,7 +48,7 @@ from tui.console.widgets.fleet import FleetRow, FleetTable
 from tui.console.widgets.logs import LogPane, NeedOlder
 from tui.console.widgets.member import MemberPanes
 from tui.console.widgets.timeline import TimelinePane
-from tui.core.errors import PreflightFailed, SpecconsoleError
+from tui.core.errors import JobNeverStarts, PreflightFailed, SpecconsoleError
 from tui.core.fleetview import alert_words, gpu_words, phase_words, worst
 from tui.core.logline import strip_escapes
 from tui.core.logwindow import DEFAULT_CAP, LogWindow
@@ -61,9 +61,9 @@ from tui.supervise.supervisor import Supervisor
 
 PAGE_BYTES = 256 * 1024  # one scroll-back page fetched from the host
 WINDOW_MARKS = {"dead": "✗ DEAD", "stalled": "⚠ STALLED", "timeout": "⚠ NOT READY",
-                "ready": "✓ READY"}
+                "ending": "⚠ TIME LIMIT", "ready": "✓ READY"}
 # what a fleet row keeps
-FLEET_ALERTS = frozenset({"dead", "stalled", "timeout", "link", "error"})
+FLEET_ALERTS = frozenset({"dead", "stalled", "timeout", "ending", "link", "error"})
 PANE_ACTIONS = frozenset({"toggle_raw", "search", "next_match", "prev_match", "toggle_follow",
                           "next_pane", "prev_pane"})  # keys of an open member's panes
 FLEET_REDRAW_S = 0.2
@@ -342,10 +342,14 @@ class ConsoleApp(App[str]):
                            "then launch")
                 self._idle(w, "preflight refused: leftovers hold the GPUs · K to kill them and "
                               "launch · q to quit")
+            elif isinstance(exc, JobNeverStarts):
+                self._idle(w, "the scheduler will not start the job · fix it, then r to try "
+                              "again")
             else:
                 self._idle(w, "preflight refused the launch · fix it, then r to try again")
-            self._alert(w, AlertRaised("error", "PREFLIGHT REFUSED — nothing was launched",
-                                       detail))
+            title = ("JOB CANNOT START — cancelled, nothing runs" if isinstance(exc, JobNeverStarts)
+                     else "PREFLIGHT REFUSED — nothing was launched")
+            self._alert(w, AlertRaised("error", title, detail))
         self.refresh_bindings()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:

@@ -60,6 +60,7 @@ from tui.supervise.events import (
     Fatal,
     GpusSeen,
     HistoryLoaded,
+    JobEnding,
     KillDone,
     KillProgress,
     LinkLost,
@@ -134,11 +135,14 @@ class Bridge:
             SpecDecodeSeen: self._on_spec_decode, KillProgress: self._on_kill_progress,
             KillDone: self._on_killed, Fatal: self._on_fatal, Skipped: self._on_skipped,
             Notice: self._on_notice, HelperExited: self._on_helper_exited,
+            JobEnding: self._on_job_ending,
         }
 
     def view(self) -> RunView:
+        job = self.sup.job
         return view_of(self.sup.machine, stalled=self.stalled, ready_took=self.ready_took,
-                       link=self.link, usual=self.usual)
+                       link=self.link, usual=self.usual,
+                       job=job.clock if job is not None and job.end is None else None)
 
     def translate(self, events: list[object], now: float) -> list[Message]:
         """Messages for a batch of events, in order; snapshots once per batch."""
@@ -241,6 +245,12 @@ class Bridge:
         batch.out.append(AlertRaised("timeout", f"TIMEOUT — {timed_out_words(event)}, still "
                                                 f"{event.state.value}",
                                      timed_out_outcome(event) + keys, ring=True))
+        batch.run = True
+
+    def _on_job_ending(self, event: JobEnding, batch: _Batch) -> None:
+        batch.out.append(AlertRaised("ending", f"TIME LIMIT NEAR — {event.words()}",
+                                     "the scheduler ends the job then, server and all: save "
+                                     "what must outlive it", ring=True))
         batch.run = True
 
     def _on_ready(self, event: Ready, batch: _Batch) -> None:

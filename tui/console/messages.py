@@ -72,8 +72,8 @@ class RunChanged(Message):
 
 @dataclass
 class AlertRaised(Message):
-    """A banner: `kind` is dead, stalled, timeout, ready, link, killing, stopped, error or
-    info."""
+    """A banner: `kind` is dead, stalled, timeout, ending (a Slurm job's time limit near),
+    ready, link, killing, stopped, error or info."""
 
     kind: str
     title: str

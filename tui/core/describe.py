@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 
 from tui.core.failures import hint_for
+from tui.core.phases import Phase
 from tui.core.protocol import DiskSpace, Killed
 from tui.core.rootcause import RootCause
 from tui.core.serving import ServingSample
@@ -81,6 +82,8 @@ def timed_out_outcome(event: ReadyTimedOut) -> str:
 
 def describe(event: object) -> list[str]:
     """Lines worth printing for one domain event (most events print nothing)."""
+    if isinstance(event, PhaseChanged) and event.phase is Phase.QUEUED:
+        return [f"phase: queued ({event.detail})" if event.detail else "phase: queued"]
     if isinstance(event, PhaseChanged):
         return [f"phase: {event.phase.label} (at {duration(event.since_launch)})"]
     if isinstance(event, Ready):

@@ -90,5 +90,13 @@ class PreflightFailed(SpecconsoleError):
     title = "preflight refused the launch"
 
 
+class JobNeverStarts(PreflightFailed):
+    """A Slurm job waits on what will not change without someone acting (held, a dependency
+    that can never be satisfied, a request over its partition's limits): refused like a
+    preflight (`wait` exits 6)."""
+
+    title = "the scheduler will not start the job"
+
+
 class RunNotFound(SpecconsoleError):
     title = "no run"

@@ -25,6 +25,7 @@ from tui.core.logline import LogLine
 class Phase(enum.Enum):
     """Ordered startup phases; `str()` is the human label ("loading weights")."""
 
+    QUEUED = -1  # a Slurm job waiting in the scheduler's queue: before the server exists
     PULLING = 0  # a container's image absent on the host, pulled before the container starts
     LAUNCH = 1
     CONFIG = 2
@@ -51,6 +52,7 @@ class Phase(enum.Enum):
 
 
 _LABELS = {
+    Phase.QUEUED: "queued",
     Phase.PULLING: "pulling image",
     Phase.LAUNCH: "launching",
     Phase.CONFIG: "reading config",

@@ -8,6 +8,7 @@ login node is tui.remote.slurm's.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -337,6 +338,14 @@ def queued_summary(queued: Queued) -> str:
     return f"queued ({pending_words(queued.reason)}){start}{never}"
 
 
+def queue_detail(queued: Queued) -> str:
+    """The queued phase's words on the timeline: `job 494583 · Resources: waiting for nodes to
+    free up · expected start 2026-12-07T16:20:01`."""
+    start = f" · expected start {queued.start}" if queued.start else ""
+    never = " · it cannot start until someone acts" if never_starts(queued.reason) else ""
+    return f"job {queued.job_id} · {pending_words(queued.reason)}{start}{never}"
+
+
 def allocated_summary(job: Job) -> str:
     """`allocated on node-07 (+3)`."""
     if not job.nodes:
@@ -349,9 +358,40 @@ def job_words(job: Job, now: datetime) -> str:
     """A job in `status`: `job 494583 RUNNING on node-07, 12 min of 4 h left`."""
     where = f" on {allocated_summary(job).removeprefix('allocated on ')}" if job.nodes else ""
     left = job.time_left_s(now)
-    limit = (f", {duration_words(left)} of {duration_words(job.time_limit_s)} left"
+    limit = (f", {time_left_words(left, job.time_limit_s)}"
              if left is not None and job.time_limit_s else "")
     return f"job {job.job_id} {job.state}{where}{limit}"
+
+
+def time_left_words(left_s: float, limit_s: float) -> str:
+    """`12 min of 4 h left`."""
+    return f"{duration_words(left_s)} of {duration_words(limit_s)} left"
+
+
+@dataclass(frozen=True, slots=True)
+class JobClock:
+    """A running job's time, for a header that ticks: its time limit and when it ends, on
+    the console's clock (seconds since the epoch)."""
+
+    job_id: str
+    node: str | None
+    limit_s: int
+    ends_at: float
+
+    @staticmethod
+    def of(job: Job, now: float, wall: datetime) -> JobClock | None:
+        """The clock of `job` as asked at `wall` (the scheduler's local time) = `now`; None
+        when it has no time limit or is not running."""
+        left = job.time_left_s(wall)
+        if left is None or not job.time_limit_s:
+            return None
+        return JobClock(job.job_id, job.node, job.time_limit_s, now + left)
+
+    def words(self, now: float) -> str:
+        """`job 494583 on node-07 · 12 min of 4 h left`."""
+        where = f" on {self.node}" if self.node else ""
+        left = max(0.0, self.ends_at - now)
+        return f"job {self.job_id}{where} · {time_left_words(left, self.limit_s)}"
 
 
 def duration_words(seconds: float) -> str:
@@ -429,6 +469,43 @@ def allocation_end(job: Job, restarts: int, node: str | None) -> SchedulerEnd | 
     if end is not None or (job.restarts <= restarts and not job.pending):
         return end
     return SchedulerEnd("REQUEUED", job.job_id, node, job.time_limit_s, None, None, job.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class JobProc:
+    """A process of a job on its node (its environment holds SLURM_JOB_ID): to find the server
+    in a job someone else submitted."""
+
+    pid: int
+    ppid: int
+    start: int  # clock ticks after boot (/proc/PID/stat)
+    comm: str
+    cmd: str
+
+
+# What a job script runs around its server: shells, Slurm's own tools, waiting.
+_AROUND_SERVER = frozenset({"bash", "sh", "dash", "zsh", "ksh", "srun", "slurmstepd", "sleep",
+                            "timeout", "tee", "env", "wait", "time"})
+
+
+def job_server(procs: Sequence[JobProc]) -> JobProc | None:
+    """The server's top process among a job's: the oldest of the processes that are neither a
+    shell nor Slurm's tool and whose parent is none of those (the script's `vllm serve`, not
+    its engine core or workers, whatever the script or srun around it)."""
+    served = [p for p in procs if p.comm not in _AROUND_SERVER]
+    pids = {p.pid for p in served}
+    return min((p for p in served if p.ppid not in pids), key=lambda p: (p.start, p.pid),
+               default=None)
+
+
+def parse_job_procs(text: str) -> tuple[JobProc, ...]:
+    """The node's answer to tui.remote.slurm's finder: JSON, a list of objects."""
+    try:
+        rows = json.loads(text)
+        return tuple(JobProc(int(r["pid"]), int(r["ppid"]), int(r["start"]), str(r["comm"]),
+                             str(r["cmd"])) for r in rows)
+    except (ValueError, KeyError, TypeError):
+        return ()
 
 
 @dataclass(frozen=True, slots=True)

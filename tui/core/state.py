@@ -92,6 +92,7 @@ class PhaseChanged:
     phase: Phase
     at: float
     since_launch: float
+    detail: str | None = None  # the queue's: the scheduler's reason and expected start
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,12 +286,30 @@ class LaunchMachine:
     def preflight(self, at: float) -> list[DomainEvent]:
         return self._to(State.PREFLIGHT, at)
 
+    def queued(self, detail: str, at: float) -> list[DomainEvent]:
+        """A Slurm job waits in the scheduler's queue (`detail`: its reason and expected start):
+        the timeline's first phase, before the launch; the state stays what it was (never
+        STARTING: nothing can stall, nothing is loading), and the queue is never part of the
+        load's time. A PhaseChanged at the start and at each change of what it says."""
+        if self.timeline is None:
+            self.timeline = Timeline(at, self.expected_load_s)
+        if not self.timeline.queue(detail, at):
+            return []
+        return [PhaseChanged(Phase.QUEUED, at, 0.0, detail)]
+
+    def allocated(self, detail: str, at: float) -> None:
+        """The queue is over (`detail`: where the job runs); the load counts from `started`."""
+        if self.timeline is not None:
+            self.timeline.allocated(detail, at)
+
     def started(self, top_pid: int, launched_at: float, at: float) -> list[DomainEvent]:
         """The launcher started (or we attached to) the run whose top process is `top_pid`."""
         self.top_pid = top_pid
         self.launched_at = launched_at
         self.last_line_at = at
-        self.timeline = Timeline(launched_at, self.expected_load_s)
+        queue = [s for s in self.timeline.spans if s.phase is Phase.QUEUED] \
+            if self.timeline is not None else []
+        self.timeline = Timeline(launched_at, self.expected_load_s, queue)
         limit = self.ready_limit
         if limit is not None:
             self.ready_deadline = (launched_at if limit.from_launch else at) + limit.seconds

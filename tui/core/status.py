@@ -11,8 +11,9 @@ from dataclasses import dataclass, field, replace
 
 from tui.core.describe import timed_out_words
 from tui.core.phases import Phase
+from tui.core.slurm import JobClock
 from tui.core.state import Death, LaunchMachine, ReadyTimedOut, Stalled, State
-from tui.core.timeline import PhaseSpan
+from tui.core.timeline import PhaseSpan, current_of
 from tui.core.units import duration
 
 OVERRUN = 1.5  # a phase this many times its usual duration is flagged
@@ -37,10 +38,17 @@ class RunView:
     # each phase's usual duration (median of earlier successful launches of this profile+host)
     usual: Mapping[str, float] = field(default_factory=dict)
     timed_out: ReadyTimedOut | None = None  # given up on: not READY within the ready limit
+    job: JobClock | None = None  # a running Slurm job's time limit and end
 
     @property
     def current(self) -> PhaseSpan | None:
-        return self.spans[-1] if self.spans else None
+        return current_of(self.spans)
+
+    @property
+    def queued(self) -> bool:
+        """A Slurm job still in the scheduler's queue: no load to time yet."""
+        cur = self.current
+        return cur is not None and cur.phase is Phase.QUEUED
 
     def elapsed(self, now: float) -> float:
         if self.launched_at is None:
@@ -51,7 +59,7 @@ class RunView:
         """Seconds to READY: from the usual phase durations when there is a history (the
         current phase's remainder plus every phase not reached yet), else from the profile's
         expected load time."""
-        if self.launched_at is None or self.finished_at is not None:
+        if self.launched_at is None or self.finished_at is not None or self.queued:
             return None
         if self.usual:
             entered = {span.phase.label for span in self.spans}
@@ -79,7 +87,7 @@ class RunView:
 
 def view_of(machine: LaunchMachine, *, stalled: Stalled | None = None,
             ready_took: float | None = None, link: str | None = None,
-            usual: Mapping[str, float] | None = None) -> RunView:
+            usual: Mapping[str, float] | None = None, job: JobClock | None = None) -> RunView:
     tl = machine.timeline
     return RunView(machine.state,
                    tuple(replace(s) for s in tl.spans) if tl is not None else (),
@@ -87,7 +95,7 @@ def view_of(machine: LaunchMachine, *, stalled: Stalled | None = None,
                    tl.finished_at if tl is not None else None,
                    machine.expected_load_s, machine.death,
                    stalled if machine.state is State.STALLED else None, ready_took, link,
-                   usual or {}, machine.timed_out)
+                   usual or {}, machine.timed_out, job)
 
 
 def timed_out_text(view: RunView) -> str:
@@ -138,6 +146,8 @@ def status_line(view: RunView, now: float) -> str:
         text = f"{phase}{' ' + progress if progress else ''} · {elapsed}{_eta_text(view, now)}"
     elif view.state is State.STARTING:
         text = f"starting the server · {elapsed}{_eta_text(view, now)}"
+    elif view.queued and cur is not None and view.state in (State.PENDING, State.PREFLIGHT):
+        text = f"{cur.detail or 'queued'} · {elapsed}"
     elif view.state is State.PREFLIGHT:
         text = "preflight checks on the host"
     elif view.state is State.KILLING:
@@ -146,6 +156,8 @@ def status_line(view: RunView, now: float) -> str:
         text = f"stopped after {elapsed} · no server running"
     else:
         text = "connecting"
+    if view.job is not None and view.state.live:
+        text = f"{text} · {view.job.words(now)}"
     return f"{view.link} · {text}" if view.link else text
 
 
@@ -167,15 +179,20 @@ def timeline_rows(view: RunView, now: float) -> list[TimelineRow]:
     """Phases in order; the current one open, the one a death happened in marked."""
     rows = []
     launched = view.launched_at or 0.0
-    if view.launched_at is not None:  # process start to the first phase line: imports
-        first = view.spans[0].start if view.spans else None
+    phases = [span for span in view.spans if span.phase is not Phase.QUEUED]
+    for span in (s for s in view.spans if s.phase is Phase.QUEUED):  # a job's, before it all
+        rows.append(TimelineRow("▶" if span.end is None else "✓", span.phase.label,
+                                span.start - launched, span.duration(now), None,
+                                span.detail or "", span.end is None, False))
+    if view.launched_at is not None and not view.queued:  # process start to the first phase
+        first = phases[0].start if phases else None  # line: imports
         ended = view.state in (State.DEAD, State.STOPPED)
         took = (first if first is not None else (view.finished_at or now)) - launched
         failed = first is None and view.state is State.DEAD
         current = first is None and not ended
         rows.append(TimelineRow("✗" if failed else ("▶" if current else "✓"), STARTING,
                                 0.0, max(0.0, took), None, "", current, failed))
-    for span in view.spans:
+    for span in phases:
         current = span.end is None
         failed = span.failed or (view.state is State.DEAD and span is view.current
                                  and span.phase is not Phase.SERVING and view.death is not None

@@ -1,6 +1,8 @@
 """The launch timeline: each phase's start and duration, the current phase's progress, the ETA.
 
 Pure bookkeeping fed by the launch state machine; the console draws it, `wait` prints from it.
+A Slurm job's wait in the queue is its first span (Phase.QUEUED), before the launch: the
+timeline's launch time is the allocation's, so the queue is never part of the load's time.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class PhaseSpan:
     progress: float | None = None
     shards: tuple[int, int] | None = None
     failed: bool = False
+    detail: str | None = None  # the queue's reason and expected start, then where it runs
 
     def duration(self, now: float) -> float:
         return (self.end if self.end is not None else now) - self.start
@@ -36,7 +39,35 @@ class Timeline:
 
     @property
     def current(self) -> PhaseSpan | None:
-        return self.spans[-1] if self.spans else None
+        """The phase the server is in; none between a job's allocation and the first phase
+        line (the queue is over, the server has said nothing yet)."""
+        return current_of(self.spans)
+
+    @property
+    def queued(self) -> bool:
+        """A job still waiting in the scheduler's queue."""
+        cur = self.current
+        return cur is not None and cur.phase is Phase.QUEUED
+
+    def queue(self, detail: str, at: float) -> bool:
+        """The job waits in the queue (`detail`: the scheduler's reason and expected start);
+        True when this starts the queued span or changes what it says."""
+        cur = self.current
+        if cur is None and not self.spans:
+            self.spans.append(PhaseSpan(Phase.QUEUED, at, detail=detail))
+            return True
+        if cur is None or cur.phase is not Phase.QUEUED or cur.detail == detail:
+            return False
+        cur.detail = detail
+        return True
+
+    def allocated(self, detail: str, at: float) -> None:
+        """The queue is over at `at` (`detail`: where the job runs); the load's time is
+        counted from here on."""
+        if self.queued:
+            span = self.spans[-1]
+            span.end, span.detail = at, detail
+        self.launched_at = at
 
     def enter(self, phase: Phase, at: float) -> bool:
         """Start `phase` (closing the current one); phases never go backwards. True if entered."""
@@ -71,6 +102,14 @@ class Timeline:
 
     def eta(self, now: float) -> float | None:
         """Seconds left until the expected load time, or None when unknown or finished."""
-        if self.expected_load_s is None or self.finished_at is not None:
+        if self.expected_load_s is None or self.finished_at is not None or self.queued:
             return None
         return max(0.0, self.launched_at + self.expected_load_s - now)
+
+
+def current_of(spans: list[PhaseSpan] | tuple[PhaseSpan, ...]) -> PhaseSpan | None:
+    """The last span, unless it is a queue already over (the server has said nothing yet)."""
+    if not spans:
+        return None
+    last = spans[-1]
+    return None if last.phase is Phase.QUEUED and last.end is not None else last

@@ -24,6 +24,26 @@ from tui.remote.launcher import LaunchPlan, agent_target
 AGENT_STDIN = "agent.stdin"  # the agent's launch spec (and archive) the job script reads
 JOB_RECORD = "slurm.json"  # the run's job id, for whoever finds the run directory later
 POLL_S = 1.0
+# The processes of job sys.argv[1] on this node (SLURM_JOB_ID in their environment), the finder's
+# own ancestry (the step it runs in) left out: JSON for tui.core.slurm.parse_job_procs.
+_JOB_PROCS = (
+    "import os,sys,json\n"
+    "j=b'SLURM_JOB_ID='+sys.argv[1].encode();me=set();p=os.getpid()\n"
+    "while p>1 and p not in me:\n"
+    " me.add(p)\n"
+    " try:p=int(open(f'/proc/{p}/stat').read().rsplit(')',1)[1].split()[1])\n"
+    " except (OSError,ValueError,IndexError):break\n"
+    "out=[]\n"
+    "for d in os.listdir('/proc'):\n"
+    " if not d.isdigit() or int(d) in me:continue\n"
+    " try:\n"
+    "  if j not in open(f'/proc/{d}/environ','rb').read().split(b'\\0'):continue\n"
+    "  head,tail=open(f'/proc/{d}/stat').read().rsplit(')',1);f=tail.split()\n"
+    "  cmd=open(f'/proc/{d}/cmdline','rb').read().replace(b'\\0',b' ')\n"
+    "  out.append({'pid':int(d),'ppid':int(f[1]),'start':int(f[19]),"
+    "'comm':head.split('(',1)[1],'cmd':cmd.decode('utf-8','replace').strip()})\n"
+    " except (OSError,ValueError,IndexError):pass\n"
+    "print(json.dumps(out))\n")
 _RUN_DIR = ("import os,sys;d=os.path.abspath(os.path.expanduser(sys.argv[1]));"
             "os.makedirs(d,0o700);print(d)")
 _WRITE = ("import os,sys;"
@@ -132,6 +152,14 @@ async def job_of(session: Session, profile: Profile, run_dir: str) -> str | None
     except (ValueError, AttributeError):
         return None
     return str(job_id) if job_id else None
+
+
+async def job_server(step: Session, profile: Profile, job_id: str) -> slurm.JobProc | None:
+    """The server's top process in a running job someone else submitted, found on its node
+    through `step` (a StepSession: its environment holds SLURM_JOB_ID; tui.core.slurm.job_server
+    chooses); None when the job runs none."""
+    found = await _checked(step, [host_python(profile), "-c", _JOB_PROCS, job_id])
+    return slurm.job_server(slurm.parse_job_procs(found))
 
 
 async def hold_for_kill(session: Session, profile: Profile, run_dir: str) -> None:

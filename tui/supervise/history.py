@@ -2,7 +2,9 @@
 console's "last launch" line and each phase's expected duration (the ETA); and the errors each
 profile's launches logged and survived to READY, which later diagnoses never name as a cause
 while another is known (tui.core.ranking: the Triton-import-ERROR class, learned per profile
-instead of listed by hand).
+instead of listed by hand). A Slurm job's launch also keeps the job's id, its node(s), its wait
+in the queue and the scheduler's end in words; a database from before those columns gains them
+when opened (_migrate), its rows kept.
 
 Lives in the user data directory (platformdirs; `SPECCONSOLE_DATA_DIR` overrides it). Written by
 the supervisor, so the console and `wait` both record; commands are stored with secrets
@@ -38,7 +40,11 @@ CREATE TABLE IF NOT EXISTS launches (
     exit_code INTEGER,
     cause TEXT,
     phases TEXT NOT NULL DEFAULT '[]',
-    ended REAL
+    ended REAL,
+    job_id TEXT,
+    nodes TEXT NOT NULL DEFAULT '[]',
+    queued REAL,
+    job_end TEXT
 );
 CREATE INDEX IF NOT EXISTS launches_by_profile ON launches (profile, host, started);
 CREATE TABLE IF NOT EXISTS survived (
@@ -50,6 +56,13 @@ CREATE TABLE IF NOT EXISTS survived (
     PRIMARY KEY (profile, host, shape)
 );
 """
+# Columns added since the first schema, each with its type: a database written before them gets
+# them (ALTER TABLE ... ADD COLUMN) when it is opened; its rows read them as NULL or the default.
+ADDED_COLUMNS = (("job_id", "TEXT"), ("nodes", "TEXT NOT NULL DEFAULT '[]'"),
+                 ("queued", "REAL"), ("job_end", "TEXT"))
+COLUMNS = ("run_id", "profile", "host", "command", "args", "env_names", "engine_version",
+           "started", "outcome", "took", "exit_code", "cause", "phases", "ended",
+           *(name for name, _ in ADDED_COLUMNS))
 SURVIVED_PER_LAUNCH = 64  # error shapes kept from one launch that reached READY
 ETA_SAMPLE = 10  # the last N successful launches give each phase's expected duration
 
@@ -70,6 +83,11 @@ class Launch:
     cause: str | None = None
     phases: tuple[tuple[str, float, float], ...] = ()  # (label, start s, duration s)
     ended: float | None = None
+    # a Slurm job's: its id, its node(s), its wait in the queue, the scheduler's end in words
+    job_id: str | None = None
+    nodes: tuple[str, ...] = ()
+    queued: float | None = None
+    job_end: str | None = None
 
     def summary(self) -> str:
         """How it ended, in words: `READY in 24m50s`, `DEAD after 23.0s: SyntaxError: …`."""
@@ -81,6 +99,16 @@ class Launch:
             cause = f": {self.cause}" if self.cause else ""
             return f"DEAD{after}{code}{cause}"
         return f"{self.outcome.upper()}{after}"
+
+    def job_summary(self) -> str:
+        """A Slurm job's line: `job 494583 on node-07, queued 2m13s; TIMEOUT: the job's 4 h
+        time limit ended it, 3 h 58 min after READY`; "" for a bare launch."""
+        if self.job_id is None:
+            return ""
+        where = f" on {','.join(self.nodes)}" if self.nodes else ""
+        queued = f", queued {duration(self.queued)}" if self.queued is not None else ""
+        end = f"; {self.job_end}" if self.job_end else ""
+        return f"job {self.job_id}{where}{queued}{end}"
 
 
 def default_path() -> Path:
@@ -98,17 +126,20 @@ class History:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         db = sqlite3.connect(self.path, timeout=2.0)
         db.executescript(SCHEMA)
+        _migrate(db)
         return db
 
     def record(self, launch: Launch) -> None:
         with self._connect() as db:
             db.execute(
-                "INSERT OR REPLACE INTO launches VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT OR REPLACE INTO launches ({', '.join(COLUMNS)}) "
+                f"VALUES ({', '.join('?' * len(COLUMNS))})",
                 (launch.run_id, launch.profile, launch.host, launch.command,
                  json.dumps(list(launch.args)), json.dumps(list(launch.env_names)),
                  launch.engine_version, launch.started, launch.outcome, launch.took,
                  launch.exit_code, launch.cause, json.dumps([list(p) for p in launch.phases]),
-                 launch.ended))
+                 launch.ended, launch.job_id, json.dumps(list(launch.nodes)), launch.queued,
+                 launch.job_end))
         db.close()
 
     def update(self, run_id: str, **changes: object) -> Launch | None:
@@ -172,9 +203,23 @@ class History:
 
     def _select(self, clause: str, params: Iterable[object]) -> list[Launch]:
         with self._connect() as db:
-            rows = db.execute(f"SELECT * FROM launches {clause}", tuple(params)).fetchall()
+            rows = db.execute(f"SELECT {', '.join(COLUMNS)} FROM launches {clause}",
+                              tuple(params)).fetchall()
         db.close()
         return [_launch(row) for row in rows]
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Add the columns a database written by an earlier version lacks (ADDED_COLUMNS); another
+    process adding the same one at the same time is no error."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(launches)")}
+    for name, kind in ADDED_COLUMNS:
+        if name not in have:
+            try:
+                db.execute(f"ALTER TABLE launches ADD COLUMN {name} {kind}")
+            except sqlite3.OperationalError as exc:
+                if "duplicate column" not in str(exc):
+                    raise
 
 
 def _where(profile: str | None, host: str | None) -> tuple[str, tuple[str, ...]]:
@@ -190,10 +235,11 @@ def _where(profile: str | None, host: str | None) -> tuple[str, tuple[str, ...]]
 
 def _launch(row: tuple) -> Launch:  # type: ignore[type-arg]
     (run_id, profile, host, command, args, env_names, version, started, outcome, took, code,
-     cause, phases, ended) = row
+     cause, phases, ended, job_id, nodes, queued, job_end) = row
     return Launch(run_id, profile, host, started, outcome, command, tuple(json.loads(args)),
                   tuple(json.loads(env_names)), version, took, code, cause,
-                  tuple((p[0], float(p[1]), float(p[2])) for p in json.loads(phases)), ended)
+                  tuple((p[0], float(p[1]), float(p[2])) for p in json.loads(phases)), ended,
+                  job_id, tuple(json.loads(nodes or "[]")), queued, job_end)
 
 
 def diff(a: Launch, b: Launch) -> list[str]:

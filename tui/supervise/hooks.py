@@ -1,7 +1,7 @@
-"""Profile hooks: a local command per alert (on_ready, on_dead, on_stalled), so a user can post
-to a chat or ntfy with curl. The event reaches the command in SPECCONSOLE_* environment
-variables (never interpolated into the command line); a hook that hangs is killed after its
-timeout, and nothing waits for it but its own task.
+"""Profile hooks: a local command per alert (on_ready, on_dead, on_stalled, and on_ending: a
+Slurm job nearing its time limit), so a user can post to a chat or ntfy with curl. The event
+reaches the command in SPECCONSOLE_* environment variables (never interpolated into the command
+line); a hook that hangs is killed after its timeout, and nothing waits for it but its own task.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ The supervisor (supervise.supervisor) drives it; the commands are tui.remote.slu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from tui.core import slurm
 from tui.core.command import secret_checks
@@ -28,10 +29,16 @@ class JobRun:
     script: str | None = None
     node: str | None = None
     restarts: int = 0  # the job's Restarts when the run's allocation began
+    queued_s: float | None = None  # from its submission to its allocation, when seen here
     job: slurm.Job | None = None
     end: slurm.SchedulerEnd | None = None
     alerted: bool = False  # the time-left alert was given
+    clock: slurm.JobClock | None = None  # its time limit and end, on the supervisor's clock
 
+    def seen(self, job: slurm.Job, now: float) -> None:
+        """The job's latest record, asked at `now` (the supervisor's clock)."""
+        self.job = job
+        self.clock = slurm.JobClock.of(job, now, datetime.now())
 
     def end_of(self, job: slurm.Job | None) -> slurm.SchedulerEnd | None:
         """The end of the run's allocation as `job` tells it (slurm.allocation_end); an end

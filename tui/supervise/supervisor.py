@@ -30,6 +30,7 @@ from tui.core.describe import disk_words, gpu_verdict
 from tui.core.errors import (
     ConnectionLost,
     HostUnreachable,
+    JobNeverStarts,
     PreflightFailed,
     RunNotFound,
     SessionError,
@@ -39,7 +40,8 @@ from tui.core.logchunk import LineChunk
 from tui.core.logline import strip_escapes
 from tui.core.logwindow import Entry, entries
 from tui.core.noise import NoiseFilter, builtin_rules, rule_from_pattern
-from tui.core.profile import Profile
+from tui.core.phases import Phase
+from tui.core.profile import Profile, SlurmConfig
 from tui.core.protocol import (
     AgentFault,
     Check,
@@ -246,6 +248,11 @@ class Supervisor:
             if self.profile.expect.stacks_on_stall and not self._stall_stacks:
                 self._stall_stacks = True  # once a stall: it is taken, or said why not
                 self._spawn(self._stacks_on_stall())
+        elif isinstance(event, JobEnded):
+            self._record(job_end=event.verdict)
+        elif isinstance(event, JobEnding):
+            self._hook("ending", cause=event.words(), left_s=round(event.left_s),
+                       job_id=event.job_id)
         elif isinstance(event, ReadyTimedOut) and event.limit.kill and self.giving_up is None:
             self.giving_up = self._spawn(self._give_up())
         elif isinstance(event, StateChanged) and event.previous is State.STALLED:
@@ -262,7 +269,8 @@ class Supervisor:
         tl = m.timeline
         fields["phases"] = tuple((s.phase.label, round(s.start - tl.launched_at, 3),
                                   round(s.duration(self.clock()), 3))
-                                 for s in tl.spans) if tl is not None else ()
+                                 for s in tl.spans if s.phase is not Phase.QUEUED
+                                 ) if tl is not None else ()  # a job's queue: apart
         fields["engine_version"] = m.engine_version
         try:
             current = self.history.get(self.run.run_id)
@@ -502,16 +510,31 @@ class Supervisor:
                     Notice(f"submitted job {sub.job_id} ({sub.script})")])
 
         def queued(line: slurm.Queued) -> None:
-            event = JobQueued(sub.job_id, line)
-            self._emit([event, Notice(event.words())])
+            """The queue is the timeline's first phase (its PhaseChanged says the reason); a
+            reason that cannot change by itself ends the wait (JobNeverStarts)."""
+            self._emit([JobQueued(sub.job_id, line),
+                        *self.machine.queued(slurm.queue_detail(line), self.clock())])
+            if slurm.never_starts(line.reason):
+                raise JobNeverStarts(f"job {sub.job_id} can never start as it is "
+                                     f"({slurm.pending_words(line.reason)})")
 
-        job = await remote_slurm.wait_started(login, sub.job_id, queued)
+        try:
+            job = await remote_slurm.wait_started(login, sub.job_id, queued)
+        except JobNeverStarts as exc:
+            ended = await remote_slurm.cancel(login, sub.job_id)
+            self.job.end = slurm.SchedulerEnd(ended.state if ended else "CANCELLED",
+                                              sub.job_id, None, None, None, None, str(exc))
+            raise JobNeverStarts(f"{exc}: cancelled it (scancel {sub.job_id}); see "
+                                 f"{sub.script}") from None
         end = slurm.scheduler_end(job)
         if end is not None:
             self.job.end = end
             raise SpecconsoleError(f"job {sub.job_id} ended before it ran: {end.words()}")
-        self.job.node, self.job.job, self.job.restarts = job.node, job, job.restarts
+        self.job.node, self.job.restarts = job.node, job.restarts
+        self.job.seen(job, self.clock())
         allocated = JobAllocated(job, self.clock() - submitted_at)
+        self.job.queued_s = allocated.waited_s
+        self.machine.allocated(allocated.words(), self.clock())
         self._emit([allocated, Notice(allocated.words())])
         self.session = remote_slurm.StepSession(login, sub.job_id, str(job.node))
         record = await self._job_record(plan.run_id)
@@ -534,7 +557,9 @@ class Supervisor:
         job = await remote_slurm.show_job(login, job_id)
         found = JobRun(job_id, f"{record.run_dir}/{slurm.JOB_SCRIPT}",
                        job.node if job is not None else None,
-                       job.restarts if job is not None else 0, job)
+                       job.restarts if job is not None else 0)
+        if job is not None:
+            found.seen(job, self.clock())
         found.end = found.end_of(job)
         if found.end is None and job is not None and job.state != "RUNNING":
             found.end = slurm.SchedulerEnd(job.state, job_id, job.node, None, None, None,
@@ -543,6 +568,30 @@ class Supervisor:
         if found.end is None and found.node is not None:
             self.session = remote_slurm.StepSession(login, job_id, found.node)
         return found
+
+    async def _attach_job(self, job_id: str) -> str:
+        """A running job someone else submitted (`attach --slurm-job J`): the session reaches
+        its node as a step of it, and its server's top process there is the pid attached to
+        (remote slurm.job_server); the job is followed as a launched one's (its time, its
+        end). Whose it is, for the confirmation before a kill: `job J of user U on NODE: `."""
+        assert self.profile.attach is not None
+        login = await self.login_session()
+        job = await remote_slurm.show_job(login, job_id)
+        if job is None:
+            raise RunNotFound(f"no job {job_id} in the scheduler (ended and forgotten, or never)")
+        if job.state != "RUNNING" or job.node is None:
+            why = f" ({slurm.pending_words(job.reason)})" if job.pending else ""
+            raise RunNotFound(f"job {job_id} is {job.state}{why}: no server runs in it to "
+                              "attach to")
+        self.job = JobRun(job_id, None, job.node, job.restarts)
+        self.job.seen(job, self.clock())
+        self.session = remote_slurm.StepSession(login, job_id, job.node)
+        found = await remote_slurm.job_server(self.session, self.profile, job_id)
+        if found is None:
+            raise RunNotFound(f"job {job_id} on {job.node} runs no process but its script's "
+                              "shell: no server to attach to")
+        self.profile = replace(self.profile, attach=replace(self.profile.attach, pid=found.pid))
+        return f"job {job_id} of user {job.user or '?'} on {job.node}: "
 
     async def _job_record(self, run_id: str) -> RunRecord:
         """The run as the agent on the job's node sees it, once the job script's agent has
@@ -569,7 +618,9 @@ class Supervisor:
     async def _job_loop(self) -> None:
         """Ask the scheduler after the running job: the time left (one alert at the
         profile's alert_before), and its end (_job_over)."""
-        assert self.job is not None and self.profile.slurm is not None
+        assert self.job is not None
+        # an attached job (`attach --slurm-job`) has no [slurm] table: the default alert time
+        alert_before = (self.profile.slurm or SlurmConfig()).alert_before
         while self.job.end is None:
             await asyncio.sleep(JOB_POLL_S)
             try:
@@ -580,13 +631,12 @@ class Supervisor:
                 await self._job_over(job)
                 return
             assert job is not None
-            self.job.job = job
+            self.job.seen(job, self.clock())
             left = job.time_left_s(datetime.now())
-            if (left is not None and left <= self.profile.slurm.alert_before
+            if (left is not None and left <= alert_before
                     and not self.job.alerted):
                 self.job.alerted = True
-                ending = JobEnding(job.job_id, left)
-                self._emit([ending, Notice(ending.words(), "warning")])
+                self._emit([JobEnding(job.job_id, left)])  # the bell, tmux, on_ending, wait
 
     async def _job_over(self, job: slurm.Job | None) -> None:
         """The job has ended: its node is no longer reachable (the watch stops), and the
@@ -639,10 +689,14 @@ class Supervisor:
             return
         args = tuple(redact(a, plan.secrets) for a in plan.argv)
         env_names = tuple(sorted({*self.profile.server.env, *self.profile.server.secret_env}))
+        job = self.job
         try:
-            self.history.record(Launch(plan.run_id, self.profile.key, self.profile.host.target,
-                                       now, command=shell_join(args), args=args,
-                                       env_names=env_names))
+            self.history.record(Launch(
+                plan.run_id, self.profile.key, self.profile.host.target, now,
+                command=shell_join(args), args=args, env_names=env_names,
+                job_id=job.job_id if job is not None else None,
+                nodes=job.job.nodes if job is not None and job.job is not None else (),
+                queued=round(job.queued_s, 3) if job and job.queued_s is not None else None))
         except (sqlite3.Error, OSError) as exc:
             self._history_failed = True
             self._emit([Notice(f"launch history not written ({self.history.path}): {exc}",
@@ -651,7 +705,10 @@ class Supervisor:
     async def select(self, record: RunRecord | None = None) -> RunRecord:
         """Make a run (the profile's newest when none is given) this supervisor's, unwatched:
         enough to kill it or read its log."""
+        whose = ""
         if record is None and self.profile.attach is not None:  # made (or found) by the agent
+            if self.profile.attach.slurm_job is not None:
+                whose = await self._attach_job(self.profile.attach.slurm_job)
             record = await launcher.attach(await self.connect(), self.profile, self.clock())
         record = record or await launcher.latest_run(await self.connect(), self.profile)
         if record is None or record.pid is None:
@@ -661,7 +718,7 @@ class Supervisor:
         started = record.started if record.started is not None else self.clock()
         self.run = RunInfo(record.run_id, record.run_dir, record.pid, started, attached=True,
                            served=record.served, owner=None if record.attached is None
-                           else attached_words(record.attached, self.clock()))
+                           else whose + attached_words(record.attached, self.clock()))
         if record.served is not None and (changes := served_changes(record.served,
                                                                     self.profile)):
             self._emit([Notice(f"run {record.run_id} was launched with {'; '.join(changes)}: "
@@ -928,6 +985,11 @@ class Supervisor:
         as a step of it, so nothing could be verified there."""
         assert self.job is not None and self.run is not None
         job_id = self.job.job_id
+        if self.job.script is None:  # attached (`attach --slurm-job`): someone else's script
+            raise SpecconsoleError(
+                f"job {job_id} runs someone else's script: its server's end ends the job, and "
+                "the kill's verification with it, so it is not killed through a step; end it "
+                f"with `scancel {job_id}` (the scheduler's own kill)")
         if self.job.end is not None:
             await remote_slurm.cancel(await self.login_session(), job_id)
             raise SpecconsoleError(

@@ -10,7 +10,7 @@ from tui.console.messages import AlertRaised
 from tui.core.logline import strip_escapes
 
 # the worst news stays up: a later, milder alert does not hide a death
-_RANK = {"dead": 5, "error": 4, "stalled": 3, "timeout": 3, "link": 3, "killing": 2,
+_RANK = {"dead": 5, "error": 4, "stalled": 3, "timeout": 3, "ending": 3, "link": 3, "killing": 2,
          "stopped": 2, "ready": 1, "warning": 1, "info": 0}
 KINDS = tuple(_RANK)
 

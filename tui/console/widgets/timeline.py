@@ -84,7 +84,9 @@ class TimelinePane(Widget, can_focus=True):
             out.append(f"{row.mark} ", style="red" if row.failed else
                        ("yellow" if row.current else "green"))
             out.append(f"{row.label:<22}", style=style)
-            out.append(f" {'+' + duration(row.start_s):>8} {duration(row.duration_s):>7}")
+            start = ("-" + duration(-row.start_s) if row.start_s < 0
+                     else "+" + duration(row.start_s))  # a job's queue: before the launch
+            out.append(f" {start:>8} {duration(row.duration_s):>7}")
             if row.detail:
                 out.append(f" {row.detail}", style="" if row.current else "dim")
             if row.usual_s is not None:
