@@ -31,6 +31,9 @@ _SOURCE_LINE = re.compile(r"  \S")
 # the pids of a chunk's process prefixes: a process first seen in it gets its line decoded
 # (its name from the prefix), even when nothing else in the line matters
 _PID_RE = re.compile(r" pid=(\d+)")
+# Up to this many pids seen, a chunk is searched only for the others (one pattern that skips
+# the known ones: a busy log names a handful of processes on nearly every line)
+_KNOWN_PIDS_MAX = 256
 
 
 class LineChunk:
@@ -113,6 +116,7 @@ class ChunkReader:
         self.engine = engine
         self.wraps = WrapLearner()  # the log's wrapper, learnt as its lines arrive
         self.pids: set[str] = set()  # process prefixes seen (their pid), over the whole log
+        self._new_pid_re = _PID_RE  # finds the pids not in self.pids (see _first_of_new_pids)
         needles = set(CORE_NEEDLES) | (set(phase_needles(engine)) - {_ACCESS})
         # what a raw stderr line or a WARNING may state, and the hang markers: their words
         # (an ERROR record is found by its level)
@@ -197,10 +201,12 @@ class ChunkReader:
     def _first_of_new_pids(self, text: str) -> list[int]:
         """The first line of each process prefix this log shows for the first time (`text`:
         the chunk's lines joined)."""
-        new = set(_PID_RE.findall(text)) - self.pids
+        new = set(self._new_pid_re.findall(text)) - self.pids
         if not new:
             return []
         self.pids |= new
+        self._new_pid_re = _PID_RE if len(self.pids) > _KNOWN_PIDS_MAX else re.compile(
+            rf" pid=(?!(?:{'|'.join(sorted(self.pids))})\b)(\d+)")
         firsts = (re.search(rf" pid={pid}\b", text) for pid in new)
         return sorted(text.count("\n", 0, m.start()) for m in firsts if m is not None)
 

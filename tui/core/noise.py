@@ -129,6 +129,14 @@ def builtin_rules(engine: str) -> tuple[NoiseRule, ...]:
         raise ValueError(f"no noise rules for engine {engine!r}") from None
 
 
+# A verdict depends on the message alone, and a busy log repeats its noise word for word (a
+# warning per request, a FutureWarning and its source line): verdicts of messages up to this
+# long are kept, this many at most (then forgotten, as the log moves on).
+_KNOWN_LEN = 1000
+_KNOWN_MAX = 4096
+_MISS: Any = object()
+
+
 class NoiseFilter:
     """First matching rule wins; `classify` counts, `match` does not (the root-cause tracker
     asks again about the few lines that could be a cause)."""
@@ -146,6 +154,7 @@ class NoiseFilter:
             f" if not (m := line.message) or m.isspace() or {held}]")
         self.hidden: dict[str, int] = {}
         self.harmless: dict[str, int] = {}
+        self._known: dict[str, NoiseRule | None] = {}  # message -> verdict (see _KNOWN_MAX)
 
     def match(self, line: LogLine) -> NoiseRule | None:
         msg = line.message
@@ -190,9 +199,20 @@ class NoiseFilter:
         could match (blank, or holding a needle) are asked, unless a rule has no needle."""
         if self._unguarded:
             return list(map(self.match, lines))
+        known = self._known
+        get = known.get
         out: list[NoiseRule | None] = [None] * len(lines)
         for i in self._suspects(lines):
-            out[i] = self.match(lines[i])
+            line = lines[i]
+            msg = line.message
+            rule = get(msg, _MISS)
+            if rule is _MISS:
+                rule = self.match(line)
+                if len(msg) <= _KNOWN_LEN:
+                    if len(known) >= _KNOWN_MAX:
+                        known.clear()
+                    known[msg] = rule
+            out[i] = rule
         return out
 
     def _count(self, rule: NoiseRule) -> None:
