@@ -128,3 +128,18 @@ def test_a_process_first_seen_gets_its_line_read_whatever_the_pids_known_before(
     assert second.indices == [1, 3, 5]
     again = reader.read(list(enumerate(later, 11)), False)
     assert again.indices == []
+
+
+@pytest.mark.skipif(hyperscan is None, reason="no hyperscan wheel on this platform")
+@pytest.mark.parametrize("edge", ["", "  ", "\r", " \t\r", "step 1", "step 1 \r", "(Worker pid=3)",
+                                  "[12:00:01Z]", "\x1b[0m", "| ", "plain words", "a:"])
+def test_the_blank_pattern_is_asked_alike_first_last_and_between(edge: str) -> None:
+    """Hyperscan finds a maybe-blank line by the bytes before its newline; the first and the
+    last line of a chunk have none on one side, and the `re` fallback asks each line itself."""
+    readers = [ChunkReader("vllm", NoiseFilter(builtin_rules("vllm")), b)
+               for b in ("hyperscan", "re")]
+    words = "nothing to see here"
+    for chunk in ([edge], [edge, words], [words, edge], [words, edge, words], [edge, edge],
+                  [words, edge, edge, words], [edge, "", edge]):
+        fast, fallback = (r.scanner.scan(chunk) for r in readers)
+        assert fast == fallback, chunk

@@ -93,7 +93,10 @@ class LineChunk:
 
     @classmethod
     def of(cls, pairs: Sequence[tuple[int, str]]) -> LineChunk:
-        return cls([p[0] for p in pairs], [p[1] for p in pairs])
+        if not pairs:
+            return cls([], [])
+        offsets, raws = zip(*pairs, strict=True)  # in C: a chunk is a thousand lines
+        return cls(list(offsets), list(raws))
 
 
 @dataclass(slots=True)
@@ -179,12 +182,12 @@ class ChunkReader:
         with it (it holds no word a rule could find)."""
         raws, rule = chunk.raws, self._source_rule
         assert rule is not None
-        at = {i: k for k, i in enumerate(indices)}
         follow = [i + 1 for i, r in zip(indices, rules, strict=True)
                   if r is not None and r.id in _WARNING_HEADERS and i + 1 < len(raws)
                   and _SOURCE_LINE.match(raws[i + 1])]
         if not follow:
             return indices, lines, rules
+        at = {i: k for k, i in enumerate(indices)}
         fresh = [i for i in follow if i not in at]
         for i in follow:
             if i in at and rules[at[i]] is None:
