@@ -10,6 +10,7 @@ way however the log was chunked.
 from __future__ import annotations
 
 import bisect
+import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ _SOURCE_LINE = re.compile(r"  \S")
 # the pids of a chunk's process prefixes: a process first seen in it gets its line decoded
 # (its name from the prefix), even when nothing else in the line matters
 _PID_RE = re.compile(r" pid=(\d+)")
+_OFFSET, _RAW = operator.itemgetter(0), operator.itemgetter(1)
 # Up to this many pids seen, a chunk is searched only for the others (one pattern that skips
 # the known ones: a busy log names a handful of processes on nearly every line)
 _KNOWN_PIDS_MAX = 256
@@ -93,10 +95,7 @@ class LineChunk:
 
     @classmethod
     def of(cls, pairs: Sequence[tuple[int, str]]) -> LineChunk:
-        if not pairs:
-            return cls([], [])
-        offsets, raws = zip(*pairs, strict=True)  # in C: a chunk is a thousand lines
-        return cls(list(offsets), list(raws))
+        return cls(list(map(_OFFSET, pairs)), list(map(_RAW, pairs)))  # in C, not a loop
 
 
 @dataclass(slots=True)
