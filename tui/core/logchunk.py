@@ -20,7 +20,8 @@ from tui.core.logline import LogLine, Unwrap, parse_line, parse_lines
 from tui.core.logwrap import Segments, WrapLearner
 from tui.core.noise import NoiseFilter, NoiseRule
 from tui.core.phases import answers_a_client, phase_needles
-from tui.core.scanner import CORE_NEEDLES, Scanner, branch_literals, required_literal
+from tui.core.pidscan import NewPids
+from tui.core.scanner import CORE_NEEDLES, Scanner, branch_literals, hyperscan, required_literal
 
 # docker compose's `svc-1  | ` as the first thing on a line: its lines are read one by one
 _COMPOSE_RE = re.compile(r"[A-Za-z0-9][\w.-]*\s+\| ")
@@ -29,13 +30,7 @@ _ACCESS = " HTTP/1."
 # the rules that hide a Python warning's first line (its source line follows, indented)
 _WARNING_HEADERS = frozenset({"future-warning", "syntax-warning-escape"})
 _SOURCE_LINE = re.compile(r"  \S")
-# the pids of a chunk's process prefixes: a process first seen in it gets its line decoded
-# (its name from the prefix), even when nothing else in the line matters
-_PID_RE = re.compile(r" pid=(\d+)")
 _OFFSET, _RAW = operator.itemgetter(0), operator.itemgetter(1)
-# Up to this many pids seen, a chunk is searched only for the others (one pattern that skips
-# the known ones: a busy log names a handful of processes on nearly every line)
-_KNOWN_PIDS_MAX = 256
 
 
 class LineChunk:
@@ -117,8 +112,10 @@ class ChunkReader:
         self.noise = noise
         self.engine = engine
         self.wraps = WrapLearner()  # the log's wrapper, learnt as its lines arrive
-        self.pids: set[str] = set()  # process prefixes seen (their pid), over the whole log
-        self._new_pid_re = _PID_RE  # finds the pids not in self.pids (see _first_of_new_pids)
+        # process prefixes seen (their pid), over the whole log: a process first seen in a
+        # chunk gets its line decoded (its name from the prefix), even when nothing else in
+        # the line matters
+        self.pids = NewPids(backend or ("hyperscan" if hyperscan is not None else "re"))
         needles = set(CORE_NEEDLES) | (set(phase_needles(engine)) - {_ACCESS})
         # what a raw stderr line or a WARNING may state, and the hang markers: their words
         # (an ERROR record is found by its level)
@@ -203,12 +200,9 @@ class ChunkReader:
     def _first_of_new_pids(self, text: str) -> list[int]:
         """The first line of each process prefix this log shows for the first time (`text`:
         the chunk's lines joined)."""
-        new = set(self._new_pid_re.findall(text)) - self.pids
+        new = self.pids.find(text)
         if not new:
             return []
-        self.pids |= new
-        self._new_pid_re = _PID_RE if len(self.pids) > _KNOWN_PIDS_MAX else re.compile(
-            rf" pid=(?!(?:{'|'.join(sorted(self.pids))})\b)(\d+)")
         firsts = (re.search(rf" pid={pid}\b", text) for pid in new)
         return sorted(text.count("\n", 0, m.start()) for m in firsts if m is not None)
 
