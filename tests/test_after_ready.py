@@ -6,9 +6,13 @@ entrypoints/openai/api_server.py, v1/metrics/loggers.py, uvicorn's access and AS
 
 from __future__ import annotations
 
+from tui.core.describe import describe
 from tui.core.explain import explain, explanation_lines
-from tui.core.failures import by_id
+from tui.core.failures import by_id, hint_for
+from tui.core.noise import NoiseFilter, builtin_rules
+from tui.core.protocol import GpuInfo, Gpus, Health
 from tui.core.ranking import BEFORE_READY_WORDS
+from tui.core.state import LaunchMachine, Ready, ReadyTimedOut, Stalled, State
 
 
 def api(msg: str, level: str = "INFO", at: str = "06-01 09:00:05",
@@ -236,3 +240,122 @@ def test_a_parsers_error_record_over_a_requests_traceback_is_no_crash_without_a_
     assert ex.outcome == "ready" and ex.root_cause is None and ex.requests_failed == 1
     assert ex.first_failed_request is not None
     assert ex.first_failed_request.startswith("json.decoder.JSONDecodeError: Unterminated")
+
+
+# -- a stall after READY (the state machine, live) --------------------------------------------
+
+STALL_S = 60.0
+T0 = 1_000.0
+
+
+class _Live:
+    """A LaunchMachine fed as the agent feeds it: the log in chunks at running byte offsets,
+    the GPUs' samples, the health probes' changes."""
+
+    def __init__(self) -> None:
+        self.m = LaunchMachine(noise=NoiseFilter(builtin_rules("vllm")),
+                               stall_timeout_s=STALL_S)
+        self.m.started(88, T0, T0)
+        self.offset = 0
+
+    def log(self, lines: list[str], at: float) -> list[object]:
+        pairs = []
+        for line in lines:
+            pairs.append((self.offset, line))
+            self.offset += len(line) + 1
+        return list(self.m.feed_lines(pairs, at))
+
+    def gpus(self, at: float, used: int = 70_000, util: int = 0) -> None:
+        self.m.feed_gpus(Gpus(at, tuple(GpuInfo(i, "H100", used, 80_000, util)
+                                        for i in range(2))), at)
+
+    def health(self, ok: bool, at: float, status: int | None = 200) -> list[object]:
+        events: list[object] = []
+        for path in self.m.health_paths:
+            events += self.m.feed_health(Health(ok, path, status, at), at)
+        return events
+
+    def ticks(self, start: float, end: float, every: float = 5.0) -> list[object]:
+        events: list[object] = []
+        at = start
+        while at <= end:
+            events += self.m.tick(at)
+            at += every
+        return events
+
+
+def _served() -> _Live:
+    """Started with a start-up error it survived, READY, served, then went on."""
+    live = _Live()
+    live.gpus(T0 + 1, used=1_000)
+    live.log(START, T0 + 60)
+    live.gpus(T0 + 60)
+    assert any(isinstance(e, Ready) for e in live.health(True, T0 + 61))
+    live.log(SERVING, T0 + 100)
+    live.gpus(T0 + 100, util=97)
+    return live
+
+
+IDLE = api("Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 4.2 "
+           "tokens/s, Running: 0 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.0%, Prefix cache "
+           "hit rate: 41.0%", at="06-01 10:12:40", src="loggers.py:123")
+
+
+def test_an_idle_ready_server_is_never_stalled() -> None:
+    """Quiet log, GPUs frozen at 0 %, the health answering: an idle server, for 10x the stall
+    timeout, stays READY."""
+    live = _served()
+    live.log([IDLE], T0 + 110)
+    live.gpus(T0 + 111)
+    events = live.ticks(T0 + 111, T0 + 111 + 10 * STALL_S)
+    assert live.m.state is State.READY
+    assert not any(isinstance(e, Stalled) for e in events)
+
+
+def test_a_hang_marker_after_ready_with_frozen_gpus_is_stalled_naming_it() -> None:
+    live = _served()
+    shm = core("No available shared memory broadcast block found in 60 seconds. This typically "
+               "happens when some processes are hanging or doing some time-consuming work.",
+               "INFO", src="shm_broadcast.py:466")
+    live.gpus(T0 + 101, util=100)  # frozen from here: memory and utilisation stand still
+    live.log([shm], T0 + 161)      # the heartbeat of a hang: no progress
+    assert live.ticks(T0 + 120, T0 + 100 + STALL_S - 1) == []
+    events = live.ticks(T0 + 100 + STALL_S, T0 + 100 + 2 * STALL_S)
+    stall = next(e for e in events if isinstance(e, Stalled))
+    assert live.m.state is State.STALLED
+    assert stall.cause is not None and stall.cause.kind is by_id("shm_broadcast")
+    assert stall.frozen_gpus == (0, 1)
+    # what happened after READY, never what the start-up survived
+    assert "acme_metrics" not in stall.summary() and "block found" in stall.summary()
+    said = describe(stall)
+    assert said[0].startswith("STALLED: stopped serving: the log says it hangs: No available")
+    assert said[-1] == f"hint: {hint_for(stall.cause.kind, stall.cause.line)}"
+    # serving again: back to READY, without a second Ready
+    back = live.log([SERVING[0]], T0 + 300)
+    assert live.m.state is State.READY
+    assert not any(isinstance(e, Ready) for e in back)
+
+
+def test_health_timing_out_with_requests_running_is_stalled() -> None:
+    live = _served()
+    live.gpus(T0 + 101, util=100)
+    assert live.health(False, T0 + 110, status=None) == []  # the probe's timeout: no answer
+    assert live.ticks(T0 + 110, T0 + 100 + STALL_S - 1) == []
+    events = live.ticks(T0 + 100 + STALL_S, T0 + 110 + STALL_S + 5)
+    stall = next(e for e in events if isinstance(e, Stalled))
+    assert live.m.state is State.STALLED and stall.cause is None
+    assert stall.serving is not None
+    assert "/health failing (no answer)" in stall.serving and "6 requests running" in stall.serving
+    assert not any(isinstance(e, ReadyTimedOut) for e in events)
+    # the health answers again: serving, READY once more, not a second launch's READY
+    back = live.health(True, T0 + 400)
+    assert live.m.state is State.READY and not any(isinstance(e, Ready) for e in back)
+
+
+def test_a_ready_server_whose_gpus_still_move_is_not_stalled() -> None:
+    """Requests running, the log quiet, but the GPUs work: no stall."""
+    live = _served()
+    for k in range(1, 40):
+        live.gpus(T0 + 100 + 5 * k, util=90 + k % 7)
+    events = live.ticks(T0 + 100, T0 + 100 + 3 * STALL_S)
+    assert live.m.state is State.READY and events == []

@@ -246,3 +246,19 @@ def test_the_chunk_path_reads_every_corpus_line_as_the_line_path_does() -> None:
             for raw in log.read_bytes().decode("utf-8", "replace").split("\n")]
     pairs = list(enumerate(raws * 2))
     assert parse_lines(pairs) == [parse_line(raw, offset) for offset, raw in pairs]
+
+
+def test_a_line_seen_again_is_decoded_alike_at_its_own_offset() -> None:
+    """A busy log repeats lines word for word: each repeat is its own line (its offset, its
+    raw text), decoded as the first was, and the memory of them stays bounded."""
+    from tui.core import logline
+
+    raw = "(APIServer pid=5) WARNING 09-04 17:38:34 [utils.py:238] `torch_dtype` is deprecated!"
+    lines = parse_lines([(0, raw), (100, raw), (200, "  warnings.warn("), (300, raw)])
+    assert [x.offset for x in lines] == [0, 100, 200, 300]
+    assert lines == [parse_line(r, o) for o, r in [(0, raw), (100, raw),
+                                                     (200, "  warnings.warn("), (300, raw)]]
+    assert all(type(x) is LogLine for x in lines)
+    parse_lines([(i, f"(APIServer pid=5) INFO 09-04 17:38:34 [a.py:1] {i}")
+                 for i in range(2 * logline._DECODED_MAX)])
+    assert len(logline._DECODED) <= logline._DECODED_MAX

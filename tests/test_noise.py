@@ -166,3 +166,22 @@ def test_builtin_rules_per_engine() -> None:
     assert rule is not None and rule.kind == "harmless"
     with pytest.raises(ValueError, match="tgi"):
         builtin_rules("tgi")
+
+
+def test_a_repeated_message_gets_the_same_verdict_as_the_first_time() -> None:
+    """Verdicts are remembered per message: the same text (another prefix, another stamp)
+    is judged alike, a different one afresh, and the memory stays bounded."""
+    from tui.core import noise as module
+
+    f = NoiseFilter(builtin_rules("vllm"))
+    dep = "`torch_dtype` is deprecated! Use `dtype` instead!"
+    lines = [parse_line(f"(APIServer pid=1) WARNING 09-04 17:38:{s:02d} [utils.py:238] {dep}")
+             for s in range(3)]
+    lines.append(parse_line("ValueError: deprecated option"))  # no exception line is hidden
+    rules = f.match_all(lines)
+    assert [r.id if r else None for r in rules] == ["deprecated"] * 3 + [None]
+    assert f.match_all(lines) == rules
+    many = [parse_line(f"(APIServer pid=1) WARNING 09-04 17:38:34 [u.py:1] {i} is deprecated")
+            for i in range(module._KNOWN_MAX + 10)]
+    assert all(r is not None and r.id == "deprecated" for r in f.match_all(many))
+    assert len(f._known) <= module._KNOWN_MAX

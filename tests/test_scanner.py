@@ -112,3 +112,34 @@ def test_a_rule_without_a_literal_makes_every_line_count() -> None:
 def test_an_unknown_backend_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown scanner backend"):
         Scanner(["x"], "grep")
+
+
+def test_a_process_first_seen_gets_its_line_read_whatever_the_pids_known_before() -> None:
+    """The chunk is searched only for pids not yet seen: one that begins with a known one's
+    digits (255 after 25527) is new, and each new one's first line is read, once."""
+    reader = ChunkReader("vllm", NoiseFilter(builtin_rules("vllm")))
+    quiet = "(APIServer pid={}) INFO 09-04 17:38:34 [api.py:1] request {} done"
+    first = reader.read(list(enumerate([quiet.format(25527, i) for i in range(5)])), False)
+    assert first.indices == [0]
+    later = [quiet.format(25527, 0), quiet.format(255, 1), quiet.format(25527, 2),
+             quiet.format(2552, 3), quiet.format(255, 4),
+             "(RayWorkerWrapper pid=9, ip=10.0.0.1) INFO 09-04 17:38:34 [w.py:1] nothing"]
+    second = reader.read(list(enumerate(later, 5)), False)
+    assert second.indices == [1, 3, 5]
+    again = reader.read(list(enumerate(later, 11)), False)
+    assert again.indices == []
+
+
+@pytest.mark.skipif(hyperscan is None, reason="no hyperscan wheel on this platform")
+@pytest.mark.parametrize("edge", ["", "  ", "\r", " \t\r", "step 1", "step 1 \r", "(Worker pid=3)",
+                                  "[12:00:01Z]", "\x1b[0m", "| ", "plain words", "a:"])
+def test_the_blank_pattern_is_asked_alike_first_last_and_between(edge: str) -> None:
+    """Hyperscan finds a maybe-blank line by the bytes before its newline; the first and the
+    last line of a chunk have none on one side, and the `re` fallback asks each line itself."""
+    readers = [ChunkReader("vllm", NoiseFilter(builtin_rules("vllm")), b)
+               for b in ("hyperscan", "re")]
+    words = "nothing to see here"
+    for chunk in ([edge], [edge, words], [words, edge], [words, edge, words], [edge, edge],
+                  [words, edge, edge, words], [edge, "", edge]):
+        fast, fallback = (r.scanner.scan(chunk) for r in readers)
+        assert fast == fallback, chunk

@@ -261,9 +261,10 @@ class Bridge:
 
     def _on_state(self, event: StateChanged, batch: _Batch) -> None:
         batch.run = True
-        if event.previous is State.STALLED and event.state is State.LOADING:
+        if event.previous is State.STALLED and event.state in (State.LOADING, State.READY):
             self.stalled = None
-            batch.out.append(AlertRaised("info", "moving again: the log resumed"))
+            batch.out.append(AlertRaised("info", "moving again: " + (
+                "the log resumed" if event.state is State.LOADING else "serving resumed")))
 
     def _on_link(self, event: LinkLost | LinkRestored, batch: _Batch) -> None:
         batch.out.extend(self._link(event))

@@ -93,8 +93,11 @@ def describe(event: object) -> list[str]:
     if isinstance(event, CauseUpdated) and event.death.cause is not None:
         return cause_lines(event.death.cause)
     if isinstance(event, Stalled):
+        cause = event.cause  # a hang marker after READY: the summary names it, its hint here
         return [f"STALLED: {event.summary()}",
-                *(f"suspect: {suspect.words()}" for suspect in event.suspects)]
+                *(f"suspect: {suspect.words()}" for suspect in event.suspects),
+                *([f"hint: {hint_for(cause.kind, cause.line)}"]
+                  if cause is not None and cause.kind is not None else [])]
     if isinstance(event, ReadyTimedOut):
         return [f"TIMEOUT: {timed_out_words(event)}, still {event.state.value}; "
                 f"{timed_out_outcome(event)}"]

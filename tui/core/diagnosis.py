@@ -201,11 +201,12 @@ class Diagnosis:
     def _by_service(self, lines: Sequence[LogLine], rules: Sequence[NoiseRule | None]) -> None:
         """Lines wrapped by docker compose go to their service's own diagnosis too."""
         chunks: dict[str, tuple[list[LogLine], list[NoiseRule | None]]] = {}
-        for line, rule in zip(lines, rules, strict=True):
-            raw = line.raw
-            if raw[:1] == "(" or " | " not in raw[:80]:
-                continue
-            m = _SERVICE_RE.match(raw)
+        # nearly every chunk has none: found in one comprehension, then read one by one
+        margins = [k for k, line in enumerate(lines)
+                   if line.raw[:1] != "(" and " | " in line.raw[:80]]
+        for k in margins:
+            line, rule = lines[k], rules[k]
+            m = _SERVICE_RE.match(line.raw)
             if m is not None:
                 mine = chunks.setdefault(m.group(1), ([], []))
                 mine[0].append(line)

@@ -10,6 +10,7 @@ way however the log was chunked.
 from __future__ import annotations
 
 import bisect
+import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,7 +20,8 @@ from tui.core.logline import LogLine, Unwrap, parse_line, parse_lines
 from tui.core.logwrap import Segments, WrapLearner
 from tui.core.noise import NoiseFilter, NoiseRule
 from tui.core.phases import answers_a_client, phase_needles
-from tui.core.scanner import CORE_NEEDLES, Scanner, branch_literals, required_literal
+from tui.core.pidscan import NewPids
+from tui.core.scanner import CORE_NEEDLES, Scanner, branch_literals, hyperscan, required_literal
 
 # docker compose's `svc-1  | ` as the first thing on a line: its lines are read one by one
 _COMPOSE_RE = re.compile(r"[A-Za-z0-9][\w.-]*\s+\| ")
@@ -28,9 +30,7 @@ _ACCESS = " HTTP/1."
 # the rules that hide a Python warning's first line (its source line follows, indented)
 _WARNING_HEADERS = frozenset({"future-warning", "syntax-warning-escape"})
 _SOURCE_LINE = re.compile(r"  \S")
-# the pids of a chunk's process prefixes: a process first seen in it gets its line decoded
-# (its name from the prefix), even when nothing else in the line matters
-_PID_RE = re.compile(r" pid=(\d+)")
+_OFFSET, _RAW = operator.itemgetter(0), operator.itemgetter(1)
 
 
 class LineChunk:
@@ -90,7 +90,7 @@ class LineChunk:
 
     @classmethod
     def of(cls, pairs: Sequence[tuple[int, str]]) -> LineChunk:
-        return cls([p[0] for p in pairs], [p[1] for p in pairs])
+        return cls(list(map(_OFFSET, pairs)), list(map(_RAW, pairs)))  # in C, not a loop
 
 
 @dataclass(slots=True)
@@ -112,7 +112,10 @@ class ChunkReader:
         self.noise = noise
         self.engine = engine
         self.wraps = WrapLearner()  # the log's wrapper, learnt as its lines arrive
-        self.pids: set[str] = set()  # process prefixes seen (their pid), over the whole log
+        # process prefixes seen (their pid), over the whole log: a process first seen in a
+        # chunk gets its line decoded (its name from the prefix), even when nothing else in
+        # the line matters
+        self.pids = NewPids(backend or ("hyperscan" if hyperscan is not None else "re"))
         needles = set(CORE_NEEDLES) | (set(phase_needles(engine)) - {_ACCESS})
         # what a raw stderr line or a WARNING may state, and the hang markers: their words
         # (an ERROR record is found by its level)
@@ -175,12 +178,12 @@ class ChunkReader:
         with it (it holds no word a rule could find)."""
         raws, rule = chunk.raws, self._source_rule
         assert rule is not None
-        at = {i: k for k, i in enumerate(indices)}
         follow = [i + 1 for i, r in zip(indices, rules, strict=True)
                   if r is not None and r.id in _WARNING_HEADERS and i + 1 < len(raws)
                   and _SOURCE_LINE.match(raws[i + 1])]
         if not follow:
             return indices, lines, rules
+        at = {i: k for k, i in enumerate(indices)}
         fresh = [i for i in follow if i not in at]
         for i in follow:
             if i in at and rules[at[i]] is None:
@@ -197,10 +200,9 @@ class ChunkReader:
     def _first_of_new_pids(self, text: str) -> list[int]:
         """The first line of each process prefix this log shows for the first time (`text`:
         the chunk's lines joined)."""
-        new = set(_PID_RE.findall(text)) - self.pids
+        new = self.pids.find(text)
         if not new:
             return []
-        self.pids |= new
         firsts = (re.search(rf" pid={pid}\b", text) for pid in new)
         return sorted(text.count("\n", 0, m.start()) for m in firsts if m is not None)
 

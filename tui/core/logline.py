@@ -337,12 +337,50 @@ def parse_line(raw: str, offset: int = -1, unwrap: Unwrap | None = None) -> LogL
 _BARE_INITIALS = frozenset(" !\"$%&'*+,-./:;<=>?@\\]^`{}~")
 
 
+# A busy log repeats lines word for word (a warning per request, its source line, a record
+# within its second): the decoding of a line seen recently is reused, at its new offset. Lines
+# up to this long are kept, this many at most (then forgotten, as the log moves on).
+_DECODED_LEN = 1000
+_DECODED_MAX = 4096
+_DECODED: dict[str, LogLine] = {}
+
+
 def parse_lines(pairs: Iterable[tuple[int, str]], unwrap: Unwrap | None = None,
                 ) -> list[LogLine]:
     """Decode a chunk of (byte offset, raw line): `parse_line` on each, with the commonest
     shape of a busy log (one known process prefix, then a vLLM or uvicorn header, nothing to
-    strip) taken in one pass of cheap checks, without the general path's branches; and a line
-    with nothing to decode at all (a traceback's source line, a Python warning's) as it is."""
+    strip) taken in one pass of cheap checks, without the general path's branches; a line
+    with nothing to decode at all (a traceback's source line, a Python warning's) as it is;
+    and a line decoded recently (without a wrapper) as it was then."""
+    if unwrap is not None:
+        return _parse_lines(pairs, unwrap)
+    out: list[LogLine] = []
+    append = out.append
+    decoded = _DECODED
+    known = decoded.get
+    fresh: list[tuple[int, tuple[int, str]]] = []
+    for pair in pairs:
+        line = known(pair[1])
+        if line is None:
+            fresh.append((len(out), pair))
+            append(line)  # type: ignore[arg-type]  # filled in below
+            continue
+        twin = _Building(pair[0], pair[1], line.plain, line.proc, line.pid, line.level,
+                         line.message)
+        twin.__class__ = LogLine
+        append(twin)  # type: ignore[arg-type]
+    if fresh:
+        for (k, _), line in zip(fresh, _parse_lines([pair for _, pair in fresh], None),
+                                strict=True):
+            out[k] = line
+            if len(line.raw) <= _DECODED_LEN:
+                if len(decoded) >= _DECODED_MAX:
+                    decoded.clear()
+                decoded[line.raw] = line
+    return out
+
+
+def _parse_lines(pairs: Iterable[tuple[int, str]], unwrap: Unwrap | None) -> list[LogLine]:
     out: list[LogLine] = []
     append = out.append
     cache_get = _PREFIX_CACHE.get

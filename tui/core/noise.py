@@ -9,6 +9,7 @@ The profile's rules are evaluated before the built-ins, so a profile can overrid
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -129,6 +130,14 @@ def builtin_rules(engine: str) -> tuple[NoiseRule, ...]:
         raise ValueError(f"no noise rules for engine {engine!r}") from None
 
 
+# A verdict depends on the message alone, and a busy log repeats its noise word for word (a
+# warning per request, a FutureWarning and its source line): verdicts of messages up to this
+# long are kept, this many at most (then forgotten, as the log moves on).
+_KNOWN_LEN = 1000
+_KNOWN_MAX = 4096
+_MISS: Any = object()
+
+
 class NoiseFilter:
     """First matching rule wins; `classify` counts, `match` does not (the root-cause tracker
     asks again about the few lines that could be a cause)."""
@@ -141,11 +150,10 @@ class NoiseFilter:
         # Nearly every line holds no needle: these say so with one `in` per needle and no loop.
         held = " or ".join(f"{n!r} in m" for n, _, _ in self._checks if n) or "False"
         self._any_needle: Callable[[str], bool] = _compiled(f"lambda m: {held}")
-        self._suspects: Callable[[Sequence[LogLine]], list[int]] = _compiled(
-            "lambda lines: [i for i, line in enumerate(lines)"
-            f" if not (m := line.message) or m.isspace() or {held}]")
         self.hidden: dict[str, int] = {}
         self.harmless: dict[str, int] = {}
+        self._known: dict[str, NoiseRule | None] = {}  # message -> verdict (see _KNOWN_MAX)
+        self._by_id = {id(r): r for r in self.rules}  # a chunk's verdicts are counted by id
 
     def match(self, line: LogLine) -> NoiseRule | None:
         msg = line.message
@@ -181,23 +189,39 @@ class NoiseFilter:
 
     def count_all(self, rules: Iterable[NoiseRule | None]) -> None:
         """Count the verdicts of a chunk's lines (made by `match_all`, or by context)."""
-        for rule in rules:
-            if rule is not None:
-                self._count(rule)
+        tally = Counter(map(id, rules))  # in C: a chunk has a handful of distinct verdicts
+        tally.pop(id(None), None)
+        by_id = self._by_id
+        if not tally.keys() <= by_id.keys():  # a rule from elsewhere: counted one by one
+            for rule in rules:
+                if rule is not None:
+                    self._count(rule)
+            return
+        for key, n in tally.items():
+            self._count(by_id[key], n)
 
     def match_all(self, lines: Sequence[LogLine]) -> list[NoiseRule | None]:
-        """`match` for each line of a chunk, in order (nothing counted); only the lines a rule
-        could match (blank, or holding a needle) are asked, unless a rule has no needle."""
-        if self._unguarded:
-            return list(map(self.match, lines))
-        out: list[NoiseRule | None] = [None] * len(lines)
-        for i in self._suspects(lines):
-            out[i] = self.match(lines[i])
+        """`match` for each line of a chunk, in order (nothing counted); a message judged
+        recently is not judged again (a verdict depends on the message alone)."""
+        known = self._known
+        get = known.get
+        out: list[NoiseRule | None] = []
+        append = out.append
+        for line in lines:
+            msg = line.message
+            rule = get(msg, _MISS)
+            if rule is _MISS:
+                rule = self.match(line)
+                if len(msg) <= _KNOWN_LEN:
+                    if len(known) >= _KNOWN_MAX:
+                        known.clear()
+                    known[msg] = rule
+            append(rule)
         return out
 
-    def _count(self, rule: NoiseRule) -> None:
+    def _count(self, rule: NoiseRule, n: int = 1) -> None:
         counts = self.hidden if rule.kind == "hide" else self.harmless
-        counts[rule.id] = counts.get(rule.id, 0) + 1
+        counts[rule.id] = counts.get(rule.id, 0) + n
 
 
 def _compiled(source: str) -> Any:

@@ -51,7 +51,12 @@ HEARTBEAT = "block found"
 # `m`; syslog's `#015` ends in a digit), or holds nothing. It finds more than the blank ones
 # (decoding tells): never fewer. The `re` path asks the same of each line's last character.
 _BLANK_ENDS = frozenset("Z:)]|m0123456789")
-_BLANK = r"[Z:)\]|m0-9][ \t\r]*$|^[ \t\r]*$"
+# Hyperscan asks it as the two bytes that end such a line: a closer before the newline (a class
+# of frequent characters anchored on `$` costs Hyperscan more than all the needles together),
+# or a blank or CR before it, or an empty line, which are then asked of the line itself; the
+# chunk's first and last lines are asked in Python (no newline before or after them).
+_BLANK_CLOSED = rb"[Z:)\]|m0-9]\n"
+_BLANK_OPEN = rb"[ \t\r\n]\n"
 _PLAIN, _TRACEBACK, _HEARTBEAT, _SERVING_BASE = 0, 1, 2, 3
 
 
@@ -121,6 +126,7 @@ class Scanner:
             if hyperscan is None:
                 raise ValueError("the hyperscan backend needs the hyperscan package")
             self._db, self._scratch, self._hs_kind, self._serving = _compiled(self.needles)
+            self._closed, self._open = len(self._hs_kind) - 2, len(self._hs_kind) - 1
         elif self.backend != "re":
             raise ValueError(f"unknown scanner backend {backend!r}")
 
@@ -186,17 +192,26 @@ class Scanner:
         for id_ in {i for _, i in found if i in self._serving}:
             needle = self._serving[id_]
             found.append((data.rfind(needle) + len(needle), id_))
-        # a match ending at byte `end` is on the line that as many newlines precede
+        # a match ending at byte `end` is on the line that as many newlines precede (the blank
+        # pattern's end is after the newline it ends on)
         found.sort()
         kind = self._hs_kind
+        closed, open_ = self._closed, self._open
         out: list[tuple[int, int]] = []
         line = at = 0
         for end, id_ in found:
+            if id_ >= closed:
+                end -= 1
+                if id_ == open_ and not _blank_end(data[data.rfind(b"\n", 0, end) + 1:end]):
+                    continue
             line += data.count(b"\n", at, end)
             at = end
             out.append((line, kind[id_]))
-        if not raws[-1].strip(" \t\r"):  # an empty last line: no match is reported at the end
-            out.append((len(raws) - 1, _PLAIN))
+        if data[:1] == b"\n":  # an empty first line
+            out.insert(0, (0, _PLAIN))
+        last = data.rfind(b"\n") + 1
+        if _blank_end(data[last:]):
+            out.append((line + data.count(b"\n", at, last), _PLAIN))
         return out
 
 _DATABASES: dict[tuple[str, ...], tuple[Any, Any, list[int], dict[int, bytes]]] = {}
@@ -233,14 +248,23 @@ def _compiled(needles: tuple[str, ...]) -> tuple[Any, Any, list[int], dict[int, 
         expressions.append(f"(?:{alternation})[^\\n]*$".encode())
         flags.append(hyperscan.HS_FLAG_MULTILINE)
         kinds.append(kind)
-    expressions.append(_BLANK.encode())
-    flags.append(hyperscan.HS_FLAG_MULTILINE | hyperscan.HS_FLAG_ALLOWEMPTY)
-    kinds.append(_PLAIN)
+    expressions += [_BLANK_CLOSED, _BLANK_OPEN]  # the last two ids (see Scanner._hyperscan)
+    flags += [0, 0]
+    kinds += [_PLAIN, _PLAIN]
     db = hyperscan.Database()
     db.compile(expressions=expressions, ids=list(range(len(expressions))),
                elements=len(expressions), flags=flags)
     found = _DATABASES[needles] = (db, hyperscan.Scratch(db), kinds, serving)
     return found
+
+
+_BLANK_END_BYTES = frozenset(c.encode() for c in _BLANK_ENDS)
+
+
+def _blank_end(line: bytes) -> bool:
+    """The blank pattern asked of one line: blanks and CRs aside, empty or ending in a closer."""
+    tail = line.rstrip(b" \t\r")
+    return not tail or tail[-1:] in _BLANK_END_BYTES
 
 
 def _starts(raws: Sequence[str]) -> list[int]:

@@ -2,8 +2,10 @@
 
 PENDING → PREFLIGHT → STARTING → LOADING(phase, progress) → READY; from any live state DEAD(cause),
 STALLED (nothing in the log and no GPU memory change for longer than the profile allows) and
-KILLING → STOPPED. Not READY within the ready limit (the profile's ready_timeout), the launch is
-given up on once (ReadyTimedOut); its state stays what it was, what follows is the supervisor's.
+KILLING → STOPPED. After READY quiet is what an idle server is too: a stall there needs work
+that was in flight and stopped (see LaunchMachine._stalled_serving). Not READY within the
+ready limit (the profile's ready_timeout), the launch is given up on once (ReadyTimedOut); its
+state stays what it was, what follows is the supervisor's.
 The death of ANY server process is a death, whatever the top process's exit code: a real vLLM
 exits 0 after its engine core was killed.
 """
@@ -162,10 +164,16 @@ class Stalled:
     frozen_gpus: tuple[int, ...]
     at: float
     suspects: tuple[Suspect, ...] = ()
+    # after READY: the work in flight that stopped, in words (None: stalled while starting)
+    serving: str | None = None
+    # after READY: the log's hang marker after READY (never what the start-up logged)
+    cause: RootCause | None = None
 
     def summary(self) -> str:
         gpus = (f"GPU memory and utilisation frozen on {', '.join(map(str, self.frozen_gpus))}"
                 if self.frozen_gpus else "no GPU memory change")
+        if self.serving is not None:
+            return f"stopped serving: {self.serving}; no progress for {self.quiet_s:.0f}s, {gpus}"
         return f"no log line for {self.quiet_s:.0f}s, {gpus}"
 
 
@@ -264,6 +272,10 @@ class LaunchMachine:
     _health_heard: set[str] = field(default_factory=set)  # paths that answered (ok or not)
     _furthest: Phase | None = None  # the furthest phase a line of the log named
     _gpus: dict[int, _GpuTrack] = field(default_factory=dict)
+    ready_at: float | None = None  # when the launch went READY (the health answered)
+    _served_at: float | None = None  # the last serving sample with tokens moving
+    _health_down: Health | None = None  # after READY: the first probe that failed, while any fails
+    _health_down_since: float | None = None
 
     def __post_init__(self) -> None:
         # the log's own verdict, the same reader `explain` uses (live parity)
@@ -358,7 +370,7 @@ class LaunchMachine:
                     if "SpecDecoding" in msg or "accept" in msg:
                         self.spec_decode = parse_interval(msg) or self.spec_decode
                     if (sample := self.serving.feed_log(msg, at)) is not None:
-                        events.append(ServingSeen(sample))
+                        events.extend(self._served(sample, at))
                     if self._serving_known(hit):
                         continue  # serving goes on: nothing new for the timeline
                 events.extend(self._on_phase(hit, self._written_at(line.raw, at)))
@@ -366,7 +378,7 @@ class LaunchMachine:
         if progressed:
             self.last_line_at = at
             if self.state is State.STALLED:
-                events.extend(self._to(State.LOADING, at))
+                events.extend(self._unstalled(at))
         if self.death is not None:
             death = self.death
             logged = self.container_pids.get(death.pid, death.pid)
@@ -494,7 +506,20 @@ class LaunchMachine:
     def feed_metrics(self, text: str, at: float) -> list[DomainEvent]:
         """A scrape of the server's /metrics (the serving figures' first source)."""
         sample = self.serving.feed_metrics(text, at)
-        return [] if sample is None else [ServingSeen(sample)]
+        return [] if sample is None else self._served(sample, at)
+
+    def _served(self, sample: ServingSample, at: float) -> list[DomainEvent]:
+        """A serving sample; tokens moving are progress (a stall after READY ends)."""
+        events: list[DomainEvent] = [ServingSeen(sample)]
+        if (sample.gen_tps or 0) > 0 or (sample.prompt_tps or 0) > 0:
+            self._served_at = at
+            if self.state is State.STALLED:
+                events.extend(self._unstalled(at))
+        return events
+
+    def _unstalled(self, at: float) -> list[DomainEvent]:
+        """Progress after a stall: back to what it was doing (serving, or loading)."""
+        return self._to(State.READY if self.ready_at is not None else State.LOADING, at)
 
     def ended_as(self, ex: ProcExit) -> ProcExit:
         """An ended process as the run tells it: the engine's name (see name_of), and the code
@@ -605,6 +630,8 @@ class LaunchMachine:
             self._health_ok.add(health.path)
         else:
             self._health_ok.discard(health.path)
+        if self.ready_at is not None:
+            return self._health_after_ready(health, at)
         if (not self._health_ok.issuperset(self.health_paths)
                 or self.state not in (State.STARTING, State.LOADING, State.STALLED)):
             return []
@@ -615,7 +642,19 @@ class LaunchMachine:
         if self.timeline is not None:
             self.timeline.enter(Phase.READY_LOG, ready)
             self.timeline.finish(ready)
+        self.ready_at = at
         return [*self._to(State.READY, at), Ready(ready, ready - launched)]
+
+    def _health_after_ready(self, health: Health, at: float) -> list[DomainEvent]:
+        """Once READY, a probe that fails (no answer, or an error) is held with since when: a
+        stall's evidence if it lasts (see _stalled_serving); every path answering again ends
+        it, and a stall with it. READY is never said twice."""
+        if self._health_ok.issuperset(self.health_paths):
+            self._health_down = self._health_down_since = None
+            return self._unstalled(at) if self.state is State.STALLED else []
+        if not health.ok and self._health_down is None:  # the first probe that failed
+            self._health_down, self._health_down_since = health, at
+        return []
 
     def feed_gpus(self, snap: Gpus, at: float) -> list[DomainEvent]:
         for gpu in snap.gpus:
@@ -639,6 +678,7 @@ class LaunchMachine:
         its launch may be READY, and must not be taken for a late one (nor killed for it)."""
         limit, deadline = self.ready_limit, self.ready_deadline
         if (limit is None or deadline is None or self.timed_out is not None or at < deadline
+                or self.ready_at is not None
                 or self.state not in (State.STARTING, State.LOADING, State.STALLED)
                 or not self._health_heard.issuperset(self.health_paths)):
             return []
@@ -646,6 +686,8 @@ class LaunchMachine:
         return [self.timed_out]
 
     def _stalled(self, at: float) -> list[DomainEvent]:
+        if self.state is State.READY:
+            return self._stalled_serving(at)
         if self.state not in (State.STARTING, State.LOADING) or self.last_line_at is None:
             return []
         current = self.timeline.current if self.timeline is not None else None
@@ -661,3 +703,48 @@ class LaunchMachine:
                 Stalled(quiet, frozen, at, self.procwatch.suspects(at, self.names()))]
 
 
+
+    def _stalled_serving(self, at: float) -> list[DomainEvent]:
+        """A stall after READY. An idle server is quiet too, its GPUs frozen: quiet alone is
+        no stall. It takes no progress (no log line but the hang's heartbeat, no tokens
+        moving, GPU memory and utilisation frozen) for the stall timeout AND evidence that
+        work was in flight and stopped: the log's hang marker after READY, the health probe
+        failing that long while the processes live, or requests running. What the launch
+        logged before READY is never its explanation."""
+        if self.last_line_at is None:
+            return []
+        quiet = at - max(self.last_line_at, self._served_at or self.last_line_at)
+        if quiet < self.stall_timeout_s:
+            return []
+        frozen = self.frozen_gpus(at, self.stall_timeout_s)
+        if self._gpus and len(frozen) < len(self._gpus):
+            return []  # a GPU still moves: working, quietly
+        cause, serving = self._in_flight(at)
+        if serving is None:
+            return []  # idle: nothing was asked of it
+        return [*self._to(State.STALLED, at),
+                Stalled(quiet, frozen, at, self.procwatch.suspects(at, self.names()),
+                        serving, cause)]
+
+    def _in_flight(self, at: float) -> tuple[RootCause | None, str | None]:
+        """(the hang marker, the evidence in words) that work was in flight after READY and
+        stopped; (None, None) when nothing shows any."""
+        diagnosis = self.diagnosis
+        if diagnosis.outcome() == "hung":
+            cause = diagnosis.cause("hung")
+            if cause is not None:
+                return cause, f"the log says it hangs: {cause.line}"
+        said: list[str] = []
+        down, since = self._health_down, self._health_down_since
+        enough = False  # the health failing alone is evidence once it fails the stall timeout
+        if down is not None and since is not None:
+            how = "no answer" if down.status is None else f"HTTP {down.status}"
+            said.append(f"{down.path} failing ({how}) for {at - since:.0f}s while its "
+                        "processes live")
+            enough = at - since >= self.stall_timeout_s
+        latest = self.serving.latest
+        if latest is not None and (latest.running or 0) > 0:
+            said.append(f"{latest.running:.0f} request{'s' if latest.running != 1 else ''} "
+                        "running with no token out")
+            enough = True
+        return None, "; ".join(said) if enough else None
