@@ -149,8 +149,9 @@ def test_lines_that_announce_no_phase(raw: str) -> None:
 
 def test_phases_are_ordered_and_labelled() -> None:
     order = list(Phase)
-    assert order == sorted(order) and order[0] is Phase.PULLING and order[-1] is Phase.SERVING
-    assert Phase.PULLING < Phase.LAUNCH and Phase.PULLING.label == "pulling image"
+    assert order == sorted(order) and order[0] is Phase.QUEUED and order[-1] is Phase.SERVING
+    assert Phase.QUEUED < Phase.PULLING < Phase.LAUNCH and Phase.PULLING.label == "pulling image"
+    assert Phase.QUEUED.label == "queued"  # a Slurm job in the scheduler's queue
     assert Phase.WEIGHTS < Phase.DRAFTER < Phase.COMPILE < Phase.KV_CACHE < Phase.CUDA_GRAPHS
     assert max(Phase.KV_CACHE, Phase.CONFIG) is Phase.KV_CACHE
     assert Phase.WEIGHTS.label == "loading weights" == str(Phase.WEIGHTS) == f"{Phase.WEIGHTS}"
@@ -164,7 +165,8 @@ def test_eagle3_tp8_fixture_walks_every_phase_in_order() -> None:
     for hit in hits:
         if not furthest or hit.phase > furthest[-1]:
             furthest.append(hit.phase)
-    assert furthest == [p for p in Phase if p is not Phase.PULLING]  # a bare launch
+    # a bare launch: no queue (a Slurm job's), no image pulled (a container's)
+    assert furthest == [p for p in Phase if p not in (Phase.QUEUED, Phase.PULLING)]
     assert next(h.version for h in hits if h.version) == "0.11.0"
     shards = [h.shards for h in hits if h.shards]
     assert shards == [(10, 30), (30, 30)]
