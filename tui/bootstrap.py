@@ -397,9 +397,14 @@ def run_train(extra_args: list[str]) -> int:
 
 def run_score(extra_args: list[str]) -> int:
     """The real-log corpus score (tests/corpus/score.py): it prints the figures and fails only
-    when a log makes `explain` raise, never on a score."""
-    return subprocess.run([str(_python()), str(ROOT / "tests" / "corpus" / "score.py"),
-                           *extra_args], cwd=ROOT).returncode
+    when a log makes `explain` raise, never on a score; then wrapper invariance over the whole
+    corpus (tests/corpus/wrapped.py --check), failing below its floor."""
+    corpus = ROOT / "tests" / "corpus"
+    code = subprocess.run([str(_python()), str(corpus / "score.py"), *extra_args],
+                          cwd=ROOT).returncode
+    kept = subprocess.run([str(_python()), str(corpus / "wrapped.py"), "--check"],
+                          cwd=ROOT).returncode
+    return code or kept
 
 
 def main(argv: list[str]) -> int:

@@ -1,14 +1,15 @@
 """Wrapper invariance: every corpus log, wrapped line by line as a real relay wraps it, must get
 the verdict the bare log gets (the outcome, and the same line, or none, as the root cause).
 
-    python tests/corpus/wrapped.py [--ids N] [--seed S] [--show]
+    python tests/corpus/wrapped.py [--ids N] [--seed S] [--show] [--check]
 
 The wrappers are real shapes, none of them chosen by what the reader knows: journald with and
 without its host field, docker compose, `kubectl logs --timestamps`, a cloud log viewer's CSV
 export, a Python logging format of a user's own, a log viewer's `|` margin. Each line gets its
 own timestamp (increasing, seeded), so no wrapper is the same text on every line. The share of
 (log, wrapper) pairs whose verdict holds is a figure; `FLOOR` (wrapped_floor.txt) is the share
-the build keeps (tests/test_wrapped.py fails below it). Exit 0 whatever the share.
+the build keeps: with `--check` (run by `python3 -m tui.bootstrap score`, so by `.ci/run`) the
+exit is 1 below it; without, 0 whatever the share.
 """
 
 from __future__ import annotations
@@ -158,18 +159,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ids", type=int, help="only N logs, drawn with --seed")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--show", action="store_true", help="list every pair whose verdict moved")
+    ap.add_argument("--check", action="store_true", help="exit 1 when the share is below the "
+                    "floor (wrapped_floor.txt)")
     args = ap.parse_args(argv)
     logs = LOGS if args.ids is None else sorted(random.Random(args.seed).sample(LOGS, args.ids))
     start = time.monotonic()
     found = list(results(logs, seed=args.seed))
     took = time.monotonic() - start
-    for name, (hits, n) in shares(found).items():
+    print("== wrapper invariance: the bare verdict kept under each wrapper")
+    found_shares = shares(found)
+    for name, (hits, n) in found_shares.items():
         print(f"  {name:<17} {100 * hits / n:5.1f} % ({hits}/{n})")
     print(f"  floor             {floor():5.1f} %   ({len(logs)} logs, {took:.0f} s)")
-    if args.show:
+    hits, n = found_shares["all"]
+    below = 100 * hits / n < floor()
+    if args.show or (args.check and below):
         for r in found:
             if not r.holds:
                 print(f"  MOVED {r.log_id} [{r.wrapper}] bare {r.bare} wrapped {r.wrapped}")
+    if args.check and below:
+        print(f"wrapper invariance {100 * hits / n:.1f} % is below the floor {floor():.1f} %",
+              file=sys.stderr)
+        return 1
     return 0
 
 
