@@ -116,11 +116,6 @@ class Run:
         alive = st is not None and not st.dead and st.start_ticks == info.get("start_ticks")
         return info if alive else None
 
-    def pulling(self) -> dict | None:
-        """starting(), while the monitor pulls the container's image (the phase shown)."""
-        info = self.starting()
-        return info if info is not None and info.get("pulling") is True else None
-
     def env_secrets(self, names: list[str]) -> list[str] | None:
         """The top process's values of the variables `names`; None while its pid is unknown.
 
