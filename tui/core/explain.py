@@ -92,9 +92,12 @@ def _blocks(f: BinaryIO) -> Iterator[tuple[list[int], list[str], int]]:
             continue
         block, carry = block[:cut], block[cut:]
         texts = block.decode("utf-8", "replace").split("\n")
+        pieces = texts if block.isascii() else block.split(b"\n")
         if block.endswith(b"\n"):
             texts.pop()
-        lengths = map(len, texts if block.isascii() else block.split(b"\n"))
+            if pieces is not texts:
+                pieces.pop()
+        lengths = map(len, pieces)
         offsets = list(accumulate(map(add, lengths, repeat(1)), initial=start))
         offsets.pop()  # the end of the last line
         yield offsets, texts, start + cut

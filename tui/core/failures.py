@@ -209,6 +209,16 @@ CLASSES: tuple[FailureClass, ...] = (
        "Ray (ray.exceptions.*) under vLLM's executor/ray_distributed_executor.py",
        "look at the dead actor's own log (`ray logs`, /tmp/ray/session_latest/logs) and at "
        "the node's memory (the OOM killer ends Ray workers)"),
+    # the raylet's notice (a line of its own on the driver, `(raylet) …`): which worker, how it
+    # exited; what killed it is the worker's own last lines, when the log has them
+    _c("ray_worker", "a Ray worker process died",
+       r"A worker died or was killed while executing|Worker exit type: [A-Z_]+",
+       "Ray's raylet (src/ray/raylet/node_manager.cc), relayed to the driver by its log "
+       "monitor as `(raylet) A worker died or was killed while executing a task by an "
+       "unexpected system error. … Worker exit type: SYSTEM_ERROR …`",
+       "look at the dead worker's own last lines (its traceback, relayed as `(RayWorkerWrapper "
+       "pid=N, ip=A)`, or `ray logs` on its node) and at the node's memory (dmesg: the OOM "
+       "killer ends Ray workers)", raw=True),
 )
 
 # A hang is said by a line of its own, not by an exception: `hung`, naming the marker.
@@ -263,11 +273,25 @@ _BY_ID = {c.id: c for c in (*CLASSES, *HANG_MARKERS)}
 # A cause says what it is early: the rest of a long line (a 10 MB line is possible, and a
 # regex alternation over it costs seconds) is not read.
 _READ = 2048
+# Where a message stops stating and starts guessing: a list of what might have caused it
+# (Ray's "Some common causes include: (1) … the OOM killer …", a library's "this may be due
+# to …") names no class of this failure.
+_HEDGE_RE = re.compile(
+    r"(?i)\b(?:(?:some|the most) )?(?:common|possible|potential|likely|typical) "
+    r"(?:causes?|reasons?)\b|\b(?:this|it|which) (?:may|might|could|can) (?:be|have been) "
+    r"(?:caused by|due to|because)\b")
+
+
+def _stated(text: str) -> str:
+    """What `text` states: its first _READ characters, up to a hedge."""
+    text = text[:_READ]
+    hedge = _HEDGE_RE.search(text)
+    return text[:hedge.start()] if hedge is not None else text
 
 
 def classify(text: str) -> FailureClass | None:
     """The first class whose words are in `text` (a root-cause line), or None."""
-    text = text[:_READ]
+    text = _stated(text)
     return next((c for c in CLASSES if c.pattern.search(text)), None)
 
 
@@ -281,7 +305,7 @@ def fatal_statement(message: str) -> bool:
 def states_cause(message: str, level: str | None) -> bool:
     """An ERROR record (a WARNING or a line without level, for some classes) whose words
     name a failure class: a cause in itself."""
-    message = message[:_READ]
+    message = _stated(message)
     if level == "WARNING":
         return any(c.warning and c.pattern.search(message) for c in CLASSES)
     if level is None:

@@ -30,6 +30,14 @@ _ACCESS = " HTTP/1."
 # the rules that hide a Python warning's first line (its source line follows, indented)
 _WARNING_HEADERS = frozenset({"future-warning", "syntax-warning-escape"})
 _SOURCE_LINE = re.compile(r"  \S")
+# A relay's coloured process prefix (Ray's log monitor: `ESC[36m(RayWorkerWrapper pid=N,
+# ip=A)ESC[0m`, `ESC[33m(raylet)ESC[0m`; vLLM's `ESC[1;36m(Worker pid=N)ESC[0;0m`). Right after
+# text on the same line it means two writers' output interleaved (the first write had not
+# reached its newline): a new record starts there. After a space it is a wrapper's (a
+# timestamp, a margin) and stays.
+_RELAY_PREFIX_RE = re.compile(
+    r"\x1b\[[\d;]*m\((?:raylet|autoscaler|[A-Za-z][\w-]*(?: [\w=]+)?? pid=\d+)"
+    r"(?:, ip=[\w.:]+)?\)\x1b\[[\d;]*m")
 _OFFSET, _RAW = operator.itemgetter(0), operator.itemgetter(1)
 
 
@@ -79,7 +87,10 @@ class LineChunk:
         return self._rules.get(i)
 
     def end(self, i: int) -> int:
-        return self.offsets[i] + len(self.raws[i].encode("utf-8", "replace")) + 1
+        """The byte after the line: its newline's, or where the next record of the same
+        physical line starts (split_interleaved)."""
+        end = self.offsets[i] + len(self.raws[i].encode("utf-8", "replace")) + 1
+        return min(end, self.offsets[i + 1]) if i + 1 < len(self.offsets) else end
 
     def classified(self, indices: Sequence[int], lines: Sequence[LogLine],
                    rules: Sequence[NoiseRule | None]) -> None:
@@ -91,6 +102,34 @@ class LineChunk:
     @classmethod
     def of(cls, pairs: Sequence[tuple[int, str]]) -> LineChunk:
         return cls(list(map(_OFFSET, pairs)), list(map(_RAW, pairs)))  # in C, not a loop
+
+    def split_interleaved(self, candidates: Sequence[int]) -> bool:
+        """Each line of `candidates` (the lines a rule cares about, the only ones whose
+        reading a join could change) that holds two writers' records becomes one line per
+        record, at its byte offset; whether any did. Else a worker's `Traceback (most recent
+        call last):` that Ray's raylet notice joined reads as one line, the notice's words
+        as the traceback's."""
+        cuts: dict[int, list[int]] = {}
+        for i in candidates:
+            raw = self.raws[i]
+            # a relay's line has two escapes, its prefix's colour and reset, the first at 0
+            if "\x1b" in raw and (raw[0] != "\x1b" or raw.count("\x1b") > 2):
+                at = [m.start() for m in _RELAY_PREFIX_RE.finditer(raw)
+                      if m.start() > 0 and not raw[m.start() - 1].isspace()]
+                if at:
+                    cuts[i] = at
+        if not cuts:
+            return False
+        offsets: list[int] = []
+        raws: list[str] = []
+        for i, (offset, raw) in enumerate(zip(self.offsets, self.raws, strict=True)):
+            start = 0
+            for cut in [*cuts.get(i, ()), len(raw)]:
+                offsets.append(offset + len(raw[:start].encode("utf-8", "replace")))
+                raws.append(raw[start:cut])
+                start = cut
+        self.offsets, self.raws = offsets, raws
+        return True
 
 
 @dataclass(slots=True)
@@ -144,9 +183,11 @@ class ChunkReader:
 
     def read_chunk(self, chunk: LineChunk, open_traceback: bool, *,
                    page: bool = False) -> ChunkRead:
+        scan = self.scanner.scan(chunk.raws)
+        if chunk.split_interleaved(scan.lines):
+            scan = self.scanner.scan(chunk.raws)
         raws = chunk.raws
         chunk.wrappers = [(0, self.wraps.split)] if page else self.wraps.follow(raws)
-        scan = self.scanner.scan(raws)
         if self.everything or open_traceback or (raws and _COMPOSE_RE.match(raws[0])):
             indices = list(range(len(raws)))
         else:

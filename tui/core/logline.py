@@ -183,6 +183,14 @@ _SGLANG_TAG_RE = re.compile(
 # The end of a vLLM header whose start a copy lost: `[multiproc_executor.py:492] `
 _HEADER_TAIL_RE = re.compile(r"\[?[\w./-]+\.py:\d+\] ")
 _PREFIX_COLOUR, _PREFIX_RESET = "\x1b[1;36m(", "\x1b[0;0m"  # 7 + "(", and 6 characters
+# Ray's log deduplication appends how often a line was seen across the cluster; the line is
+# the worker's without it (a traceback's frame stays a frame).
+_RAY_REPEATED = " across cluster]"
+_RAY_REPEATED_RE = re.compile(r" ?\[repeated \d+x across cluster\]$")
+
+
+def _unrepeated(body: str) -> str:
+    return _RAY_REPEATED_RE.sub("", body) if body.endswith(_RAY_REPEATED) else body
 
 
 def _peel_wrappers(s: str) -> str:
@@ -326,7 +334,7 @@ def parse_line(raw: str, offset: int = -1, unwrap: Unwrap | None = None) -> LogL
     if level is None and ".py:" in body[:80] and (tail := _HEADER_TAIL_RE.match(body)):
         body = body[tail.end():]
     line = _Building(offset, raw, lead + plain if lead else plain, proc, pid, level,
-                     body.rstrip())
+                     _unrepeated(body.rstrip()))
     line.__class__ = LogLine
     return line  # type: ignore[return-value]
 
@@ -409,7 +417,7 @@ def _parse_lines(pairs: Iterable[tuple[int, str]], unwrap: Unwrap | None) -> lis
         else:
             body = raw[pos:]
             level, body = split(body) if body[:1] in initials else (None, body)
-        line = _Building(offset, raw, raw, hit[0], hit[1], level, body.rstrip())
+        line = _Building(offset, raw, raw, hit[0], hit[1], level, _unrepeated(body.rstrip()))
         line.__class__ = LogLine
         append(line)  # type: ignore[arg-type]
     return out
