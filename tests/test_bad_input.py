@@ -452,7 +452,9 @@ async def test_hostile_log_text_never_reaches_the_terminal_from_the_console(
 
 def test_hostile_log_text_in_wait_logs_and_history_is_plain(tmp_path: Path,
                                                             cleanup: list[str]) -> None:
-    path = hostile_profile(tmp_path)
+    # the named process lives a second before its kill: the agent has read its name (a
+    # process killed before the agent's first look is known by its comm only, `sleep`)
+    path = hostile_profile(tmp_path, sleep=1)
     waited = _cli("wait", str(path), "--launch", "--timeout", "60s")
     cleanup.append(_run_id(waited.stdout))
     assert waited.returncode == 3, waited.stdout + waited.stderr

@@ -570,8 +570,10 @@ async def test_sglang_reaches_ready_with_its_phases_tree_and_spec_readout(tmp_pa
                 if isinstance(event, PhaseChanged):
                     phases.append(event.phase)
         await asyncio.wait_for(until_ready(), 30)
-        assert phases == [Phase.CONFIG, Phase.WEIGHTS, Phase.KV_CACHE, Phase.CUDA_GRAPHS,
-                          Phase.API_SERVER, Phase.READY_LOG]
+        # on a busy machine the first batches may be logged before the health probe answers
+        assert phases[:6] == [Phase.CONFIG, Phase.WEIGHTS, Phase.KV_CACHE, Phase.CUDA_GRAPHS,
+                              Phase.API_SERVER, Phase.READY_LOG], phases
+        assert phases[6:] in ([], [Phase.SERVING]), phases
         m = sup.machine
         for _ in range(200):
             if m.spec_decode is not None and len(m.procs) >= 6:
