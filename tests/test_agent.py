@@ -392,7 +392,9 @@ SHORT_LIVED = r"""
 import subprocess, sys, time
 G = ("import subprocess, sys; subprocess.run(['VLLM::Worker_TP5', '-c', "
      "'import sys, time; time.sleep(0.3); sys.exit(3)'], executable=sys.executable)")
-subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(0.3); exec(%r)' % G])
+# G starts once the watching agent is surely up (it starts after the launch, and a busy
+# machine takes its time), then lives 0.3 s: far less than procs_interval
+subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(2.0); exec(%r)' % G])
 for i in range(100):
     print('loading', i, flush=True)
     time.sleep(0.05)

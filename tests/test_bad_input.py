@@ -391,6 +391,11 @@ out.write(b"LONG" + b"L" * (10 * 1024 * 1024) + b"\x1b]0;PWNED-LONG\x07 end-long
 out.write(b"AFTER-LONG-LINE\n")
 out.flush()
 time.sleep(float(os.environ.get("HOSTILE_SLEEP", "0")))
+go = os.environ.get("HOSTILE_GO")  # the test says when it has looked
+for _ in range(1200 if go else 0):
+    if os.path.exists(go):
+        break
+    time.sleep(0.05)
 out.write(b"Traceback (most recent call last):\n  File \"/srv/x.py\", line 1, in <module>\n"
           b"ValueError: boom \x1b]0;PWNED-CAUSE\x07\x1b[2J end-cause\n")
 out.flush()
@@ -405,19 +410,22 @@ VISIBLE = ["end-osc0", "end-osc2", "end-osc52", "end-clear", "end-dcs", "end-cur
 HOSTILE_ARG = "\x1b]0;PWNED-ARGV\x07\x1b[2Jargv-end"  # in the run's command line
 
 
-def hostile_profile(tmp: Path, host: str = "local", sleep: float = 0) -> Path:
+def hostile_profile(tmp: Path, host: str = "local", sleep: float = 0,
+                    go: Path | None = None) -> Path:
+    """`go`: the server dies only once this file exists (the test has looked at it alive)."""
     script = tmp / "hostile.py"
     script.write_text(HOSTILE)
-    return command_profile(tmp, "hostile", [PY, str(script), HOSTILE_ARG], host=host,
-                           env={"HOSTILE_SLEEP": str(sleep)})
+    env = {"HOSTILE_SLEEP": str(sleep), **({"HOSTILE_GO": str(go)} if go else {})}
+    return command_profile(tmp, "hostile", [PY, str(script), HOSTILE_ARG], host=host, env=env)
 
 
 @pytest.mark.parametrize("over", ["local", "ssh"])
 async def test_hostile_log_text_never_reaches_the_terminal_from_the_console(
         tmp_path: Path, ssh_server: SSHTestServer, cleanup: list[str], over: str) -> None:
     server = ssh_server if over == "ssh" else None
+    go = tmp_path / "go"
     profile = load_profile(hostile_profile(tmp_path, ssh_server.alias if server else "local",
-                                           sleep=4))
+                                           go=go))
     sup = Supervisor(profile, opener=_opener(server))
     app = ConsoleApp(sup, kill_grace=1.0)
     async with app.run_test(size=(200, 80)) as pilot:
@@ -429,7 +437,7 @@ async def test_hostile_log_text_never_reaches_the_terminal_from_the_console(
                     20, "the line after the 10 MB line")
         took = time.monotonic() - started
         await pilot.pause(0.3)
-        assert sup.machine.state is not State.DEAD, "HOSTILE_SLEEP keeps it alive a while"
+        assert sup.machine.state is not State.DEAD, "HOSTILE_GO keeps it alive"
         text = screen_text(app)
         for visible in VISIBLE:
             assert visible in text, f"{visible!r} is not on screen"
@@ -438,6 +446,7 @@ async def test_hostile_log_text_never_reaches_the_terminal_from_the_console(
         await pilot.press("f")  # the raw view draws the same lines
         assert all(v in screen_text(app) for v in VISIBLE)
         await pilot.press("f")
+        go.touch()
         await until(pilot, lambda: "end-cause" in str(app.query_one(Banner).render()), 20,
                     "the DEAD banner with its cause")
         await pilot.pause(0.3)

@@ -137,7 +137,7 @@ async def test_kill_in_the_fleet_kills_only_the_selected_run(tmp_path: Path,
         assert survivors and all(alive(pid) for pid in survivors)
         assert alpha.machine.state.live and cell(app, "member-0", "state") != "STOPPED"
         await pilot.press("q")
-        await until(pilot, lambda: app.return_value is not None, 10, "quit")
+        await until(pilot, lambda: app.return_value is not None, 30, "quit")
     lines = app.return_value.splitlines()
     assert lines[0].startswith(f"alpha: the server keeps running: run {alpha.run.run_id}")
     assert "`specconsole kill a.toml`" in lines[0]
