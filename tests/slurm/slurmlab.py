@@ -45,7 +45,8 @@ SLURMD_TIMEOUT_S = 10
 # slot-S names the directory of the cluster holding slot S
 SLOT_DIR = Path("/run/specconsole-slurm")
 SLOT_CLAIM_S = 120.0  # a claim whose slurmctld is not up yet is taken for this long
-TOOLS = ("munged", "slurmctld", "slurmd", "sinfo", "sbatch", "ip", "unshare", "nsenter")
+TOOLS = ("munged", "slurmctld", "slurmd", "sinfo", "sbatch", "ip", "unshare", "nsenter",
+         "iptables")
 
 
 class SetupError(RuntimeError):
@@ -149,10 +150,11 @@ class Cluster:
         if os.geteuid() != 0:
             raise SetupError("the slurm lane needs root (network namespaces, slurmd)")
         started = time.monotonic()
-        if self.slot is None:
-            self.workdir.mkdir(parents=True, exist_ok=True)
-            self.slot = _claim(self.workdir)
-            (self.workdir / "slot").write_text(str(self.slot))
+        # always claimed, even in a directory that ran in a slot before: that slot may be
+        # another lane's by now
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.slot = _claim(self.workdir)
+        (self.workdir / "slot").write_text(str(self.slot))
         self.down(keep_slot=True)  # whatever a crashed run left in this slot
         for sub in ("state", "spool", "munge"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -187,6 +189,13 @@ class Cluster:
             _sh("ip", "-n", ns, "addr", "add", f"{prefix}.{i}.2/24", "dev", "eth0")
             _sh("ip", "-n", ns, "link", "set", "eth0", "up")
             _sh("ip", "-n", ns, "route", "add", "default", "via", f"{prefix}.{i}.1")
+        _sh("iptables", *self._node_to_node("-I"))
+
+    def _node_to_node(self, how: str) -> list[str]:
+        """The iptables rule that lets the nodes reach one another through the login node (a
+        several-node job's rendezvous); docker's FORWARD policy drops it otherwise."""
+        links = f"{NS_PREFIX}{self.slot}n+"
+        return [how, "FORWARD", "-i", links, "-o", links, "-j", "ACCEPT"]
 
     def _link(self, index: int) -> str:
         """The login node's end of node `index`'s veth pair."""
@@ -269,6 +278,8 @@ class Cluster:
                         os.kill(int(pid), signal.SIGKILL)
                 _sh("ip", "netns", "del", ns, check=False)
             _sh("ip", "link", "del", self._link(i), check=False)
+        while _sh("iptables", *self._node_to_node("-D"), check=False).returncode == 0:
+            pass
         for pid_file in (self.workdir / "slurmctld.pid", self.munge / "munged.pid"):
             with contextlib.suppress(OSError, ValueError, ProcessLookupError):
                 pid = int(pid_file.read_text().split()[0])
@@ -298,9 +309,17 @@ def _claim(workdir: Path) -> int:
             continue
         os.write(fd, str(workdir).encode())
         os.close(fd)
+        if Path(f"/run/netns/{NS_PREFIX}{slot}-{NODES[0]}").exists() and not _ours(slot, workdir):
+            path.unlink(missing_ok=True)  # a cluster runs there unclaimed: left alone
+            continue
         return slot
     raise SetupError(f"all {SLOTS} Slurm lane slots are taken ({SLOT_DIR}): wait for a lane "
                      "to end")
+
+
+def _ours(slot: int, workdir: Path) -> bool:
+    """Whether the slot's namespaces are a run of this directory's (a crash's leftovers)."""
+    return _int(workdir / "slot") == slot
 
 
 def _stale(path: Path) -> bool:
