@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -61,6 +62,9 @@ class JobRun:
     end: slurm.SchedulerEnd | None = None
     alerted: bool = False  # the time-left alert was given
     clock: slurm.JobClock | None = None  # its time limit and end, on the supervisor's clock
+    # a member of a several-node job (supervise.group): the job's directory, where the
+    # member's launch is asked of the agent waiting on its node
+    job_dir: str | None = None
 
     def seen(self, job: slurm.Job, now: float) -> None:
         """The job's latest record, asked at `now` (the supervisor's clock)."""
@@ -96,14 +100,41 @@ class JobFollow:
         """A [slurm] profile: the scheduler's preflight (sbatch --test-only), the job script
         written into the run directory and submitted from the login node, the queue followed
         (JobQueued: the scheduler's reason, never a stall) until the job runs; then the agent
-        reaches its node as a step of the job, and the run is watched as any other."""
+        reaches its node as a step of the job, and the run is watched as any other. A member
+        of a several-node job already running: its launch asked of its node's agent."""
         sup = self.sup
+        if sup.job is not None and sup.job.job_dir is not None:
+            return await self.launch_member()
         login = await sup.login_session()
         if not skip_preflight and sup.profile.preflight.enabled:
             await sup.run_preflight()
         plan = launcher.plan_launch(sup.profile, sup.environ, sup.clock())
+        _, job = await self.submit_job(remote_slurm.submit(login, sup.profile, plan))
+        sup.session = remote_slurm.StepSession(login, job.job_id, str(job.node))
+        return await self.started(plan)
+
+    async def launch_member(self) -> RunInfo:
+        """A member of a several-node job (its JobRun set by supervise.group once the job has
+        its nodes): its run directory made and its launch written for the agent waiting on
+        its node (remote slurm.request_launch), then followed as a job's run."""
+        sup = self.sup
+        assert sup.job is not None and sup.job.job_dir is not None and sup.job.node is not None
+        login = await sup.login_session()
+        plan = launcher.plan_launch(sup.profile, sup.environ, sup.clock())
+        await remote_slurm.request_launch(login, sup.profile, plan, sup.job.job_dir,
+                                          sup.job.job_id, sup.job.node)
+        sup.session = remote_slurm.StepSession(login, sup.job.job_id, sup.job.node)
+        return await self.started(plan)
+
+    async def submit_job(self, submitting: Awaitable[remote_slurm.Submitted]
+                         ) -> tuple[remote_slurm.Submitted, slurm.Job]:
+        """Submit (`submitting`: the sbatch of a job script) and follow the job through the
+        queue to its allocation: the submission, the queued phase, the allocation on this
+        supervisor's events; the job as it started running."""
+        sup = self.sup
+        login = await sup.login_session()
         submitted_at = sup.clock()
-        sub = await remote_slurm.submit(login, sup.profile, plan)
+        sub = await submitting
         sup.job = JobRun(sub.job_id, sub.script)
         sup._emit([JobSubmitted(sub.job_id, sub.script),
                    Notice(f"submitted job {sub.job_id} ({sub.script})")])
@@ -135,7 +166,11 @@ class JobFollow:
         sup.job.queued_s = allocated.waited_s
         sup.machine.allocated(allocated.words(), sup.clock())
         sup._emit([allocated, Notice(allocated.words())])
-        sup.session = remote_slurm.StepSession(login, sub.job_id, str(job.node))
+        return sub, job
+
+    async def started(self, plan: launcher.LaunchPlan) -> RunInfo:
+        """The run, once the agent in the job has launched its server on the node: watched."""
+        sup = self.sup
         record = await self.job_record(plan.run_id)
         now = sup.clock()
         sup.run = RunInfo(record.run_id, record.run_dir, int(record.pid or 0), now,
@@ -178,8 +213,9 @@ class JobFollow:
             raise RunNotFound(f"run {record.run_id} of {sup.profile.key} records no Slurm job "
                               f"({record.run_dir})")
         job = await remote_slurm.show_job(login, job_id)
+        node = await remote_slurm.node_of(login, sup.profile, record.run_dir)  # several nodes
         found = JobRun(job_id, f"{record.run_dir}/{slurm.JOB_SCRIPT}",
-                       job.node if job is not None else None,
+                       node or (job.node if job is not None else None),
                        job.restarts if job is not None else 0)
         if job is not None:
             found.seen(job, sup.clock())
@@ -263,8 +299,8 @@ class JobFollow:
         assert sup.job is not None
         if sup.job.end is not None:
             return
-        end = sup.job.end_of(job)
-        if end is None:
+        end = await self.named(sup.job.end_of(job))
+        if end is None or sup.job.end is not None:
             return
         sup.job.end, sup.job.job = end, job or sup.job.job
         for task in sup._tasks:
@@ -294,7 +330,7 @@ class JobFollow:
         with contextlib.suppress(SpecconsoleError, asyncio.TimeoutError):
             job = await asyncio.wait_for(
                 remote_slurm.show_job(await sup.login_session(), sup.job.job_id), 5.0)
-            end = sup.job.end_of(job)
+            end = await self.named(sup.job.end_of(job))
             death = sup.machine.death
             if end is not None and end.schedulers_doing and death is not None:
                 ready_for = (death.at - sup._ready_at) if sup._ready_at is not None else None
@@ -303,11 +339,24 @@ class JobFollow:
                           for e in events]
         sup._emit(events)
 
-    async def kill_job(self, grace: float) -> Killed:
+    async def named(self, end: slurm.SchedulerEnd | None) -> slurm.SchedulerEnd | None:
+        """A several-node job lost to a node's failure: the node the scheduler lost (sinfo:
+        not responding, or down), not the job's first."""
+        if end is None or end.state != "NODE_FAIL" or len(end.nodes) < 2:
+            return end
+        with contextlib.suppress(SpecconsoleError):
+            states = await remote_slurm.node_states(await self.sup.login_session(), end.nodes)
+            lost = [n.name for n in states if n.lost]
+            if lost:
+                return replace(end, node=", ".join(lost))
+        return end
+
+    async def kill_job(self, grace: float, cancel: bool = True) -> Killed:
         """A job's run: the agent on its node kills and verifies as on any host (no process of
         the run left, GPU memory released), then scancel, verified by the job leaving the
-        queue. A job already over is refused in one line: its node can no longer be reached
-        as a step of it, so nothing could be verified there."""
+        queue (`cancel`; a several-node job's members are cancelled together once each is
+        killed: supervise.group). A job already over is refused in one line: its node can no
+        longer be reached as a step of it, so nothing could be verified there."""
         sup = self.sup
         assert sup.job is not None and sup.run is not None
         job_id = sup.job.job_id
@@ -329,9 +378,18 @@ class JobFollow:
             await sup.connect(), sup.profile, sup.run.run_dir, grace,
             on_step=lambda step: sup._emit([KillProgress(step)]))
         sup.last_kill_steps = steps
+        if cancel:
+            await self.cancel_job()
+        sup._emit([KillDone(killed), *sup.machine.stopped(sup.clock())])
+        return killed
+
+    async def cancel_job(self) -> slurm.Job | None:
+        """scancel the job and wait until it has left the queue; then it is over here."""
+        sup = self.sup
+        assert sup.job is not None
+        job_id = sup.job.job_id
         job = await remote_slurm.cancel(await sup.login_session(), job_id)
         sup._emit([Notice(f"job {job_id} has left the queue ("
                           f"{job.state if job is not None else 'forgotten'})")])
         await self.job_over(job)
-        sup._emit([KillDone(killed), *sup.machine.stopped(sup.clock())])
-        return killed
+        return job

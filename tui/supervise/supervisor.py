@@ -585,7 +585,7 @@ class Supervisor:
                 self._emit([HistoryLoaded(previous, self.usual)])
         self._tasks = [asyncio.create_task(self._watch_loop()),
                        asyncio.create_task(self._tick_loop())]
-        if self.job is not None:
+        if self.job is not None and self.serves:  # one member asks after a several-node job
             self._tasks.append(asyncio.create_task(self.slurm.job_loop()))
 
     async def close(self) -> None:
@@ -762,12 +762,14 @@ class Supervisor:
 
     # -- control -----------------------------------------------------------------------------
 
-    async def kill(self, grace: float = 10.0) -> Killed:
-        """TERM the group, KILL after the grace, sweep by run id; report what remains."""
+    async def kill(self, grace: float = 10.0, cancel_job: bool = True) -> Killed:
+        """TERM the group, KILL after the grace, sweep by run id; report what remains. A job's
+        run: then scancel (unless `cancel_job` is False: a several-node job's members are
+        cancelled together, supervise.group)."""
         if self.run is None:
             raise RunNotFound(f"no run of {self.profile.key} to kill")
         if self.job is not None:
-            return await self.slurm.kill_job(grace)
+            return await self.slurm.kill_job(grace, cancel_job)
         self.mark_killing()
         steps, killed = await launcher.kill(
             await self.connect(), self.profile, self.run.run_dir, grace,
