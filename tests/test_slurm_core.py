@@ -113,7 +113,7 @@ def test_a_full_table_loads() -> None:
     ('sbatch_args = ["exclusive"]\n', 7, "slurm.sbatch_args", "expected an sbatch option"),
     ('partition = "gpu a100"\n', 7, "slurm.partition", "one word"),
     ('mem = "lots"\n', 7, "slurm.mem", "memory size"),
-    ('nodes = 2\n', 7, "slurm.nodes", "one node so far"),
+    ('nodes = 2\n', 7, "slurm.nodes", "2 nodes need a [cluster] table"),
     ('reach = "ssh"\n', 7, "slurm.reach", "expected one of: step"),
     ('parttion = "gpu"\n', 7, "slurm.parttion", "did you mean 'partition'?"),
     ('alert_before = "soon"\n', 7, "slurm.alert_before", "invalid duration"),

@@ -22,18 +22,22 @@ PROFILE = ('[host]\ntarget = "local"\n[server]\nengine = "vllm"\nmodel = "/m"\n'
 
 
 class LoginNode(Session):
-    """Answers `scontrol show job -o 19` with `answer`; nothing else is asked of it."""
+    """Answers `scontrol show job -o 19` with `answer` (and sinfo's node states with `nodes`);
+    nothing else is asked of it."""
 
     host = "login"
     is_local = True
 
-    def __init__(self, answer: str) -> None:
+    def __init__(self, answer: str, nodes: str = "") -> None:
         self.answer = answer
+        self.nodes = nodes
         self.asked: list[list[str]] = []
 
     async def run(self, argv: list[str], stdin: bytes = b"",
                   timeout: float | None = None) -> CommandResult:
         self.asked.append(argv)
+        if argv[0] == "sinfo" and self.nodes:
+            return CommandResult(0, self.nodes.encode(), b"")
         assert argv[:3] == ["scontrol", "show", "job"], argv
         return CommandResult(0, self.answer.encode(), b"")
 
@@ -44,9 +48,10 @@ class LoginNode(Session):
         pass
 
 
-async def _death_in_job(state: str, tmp_path: Path) -> tuple[Died, LoginNode]:
+async def _death_in_job(state: str, tmp_path: Path, login: LoginNode | None = None
+                        ) -> tuple[Died, LoginNode]:
     sup = Supervisor(loads_profile(PROFILE, tmp_path / "job.toml"))
-    login = LoginNode(TIMEOUT_JOB.replace("JobState=TIMEOUT", f"JobState={state}"))
+    login = login or LoginNode(TIMEOUT_JOB.replace("JobState=TIMEOUT", f"JobState={state}"))
     sup.login = sup.session = login
     sup.job = JobRun("19", node="node-1")
     events = sup.subscribe()
@@ -69,3 +74,17 @@ async def test_a_death_while_the_job_runs_stays_the_processs(tmp_path: Path) -> 
     died, _ = await _death_in_job("RUNNING", tmp_path)
     assert died.death.ended_by is None
     assert died.death.summary().startswith("APIServer (pid 100) died, signal 15")
+
+
+async def test_node_fail_of_a_two_node_job_names_the_node_the_scheduler_lost(
+        tmp_path: Path) -> None:
+    """The member on the first node sees its server end as the scheduler ends the job for the
+    second node's failure: the words name node-2 (sinfo: not responding), not the job's first."""
+    job = (TIMEOUT_JOB.replace("JobState=TIMEOUT Reason=TimeLimit", "JobState=NODE_FAIL "
+                               "Reason=NodeDown").replace("NodeList=node-1", "NodeList=node-[1-2]")
+           .replace("NumNodes=1", "NumNodes=2"))
+    login = LoginNode(job, "node-1|alloc|10.230.1.2\nnode-2|down*|10.230.2.2\n")
+    died, _ = await _death_in_job("NODE_FAIL", tmp_path, login)
+    assert died.death.ended_by == ("NODE_FAIL: the scheduler lost node node-2 (of the job's "
+                                   "node-1, node-2)")
+    assert login.asked[1][:3] == ["sinfo", "--noheader", "--Node"]

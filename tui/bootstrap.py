@@ -361,7 +361,8 @@ def run_containers_lane(extra_args: list[str]) -> int:
 # The Slurm lane's cluster (tests/slurm/slurmlab.py): Debian's Slurm 22.05 and munge; slurmd
 # joins each node's network namespace with nsenter (util-linux).
 SLURM_TOOLS = {"slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sbatch": "slurm-wlm",
-               "munged": "munge", "ip": "iproute2", "nsenter": "util-linux"}
+               "munged": "munge", "ip": "iproute2", "nsenter": "util-linux",
+               "iptables": "iptables"}
 
 
 def run_slurm_lane(extra_args: list[str]) -> int:

@@ -6,10 +6,13 @@ Everything lives under one directory (`up DIR`): slurm.conf, munge's key and soc
 and spool directories, the daemons' logs and pid files; `down DIR` stops the daemons and
 removes the namespaces. Commands reach the cluster with SLURM_CONF=DIR/slurm.conf.
 
-Node addresses: node i (1-based) is 10.230.i.2 in its namespace, the login node 10.230.i.1 on
-the other end of that veth pair; each node's default route goes back to the login node, so
-every node reaches slurmctld at 10.230.1.1 and srun (on the login node) at whichever address
-it connected from. Ports are this lane's own (SLURMCTLD_PORT), not Slurm's defaults.
+Several lanes run side by side (one per worktree): each cluster claims a free slot S
+(/run/specconsole-slurm/slot-S, kept in DIR/slot), and its namespaces (`scslurmS-<node>`),
+links, addresses and ports are the slot's. Node addresses: node i (1-based) is 10.(230+S).i.2 in
+its namespace, the login node 10.(230+S).i.1 on the other end of that veth pair; each node's
+default route goes back to the login node, so every node reaches slurmctld at 10.(230+S).1.1
+and srun (on the login node) at whichever address it connected from. Ports are the lane's own
+(SLURMCTLD_PORT + 2S), not Slurm's defaults.
 
 Stdlib only; needs root, ip, unshare, munged, slurmctld and slurmd. Run as a script:
 `python slurmlab.py up DIR` prints `slurm lane: NAME: VALUE` lines and leaves the cluster
@@ -28,32 +31,26 @@ import time
 from pathlib import Path
 
 NODES = ("node-1", "node-2", "node-3")
-NS_PREFIX = "scslurm-"
-NET = "10.230"
-SLURMCTLD_PORT = 6917
+NS_PREFIX = "scslurm"  # + the slot + "-<node>"
+NET = 230  # 10.(NET + slot)
+SLURMCTLD_PORT = 6917  # + 2 * slot
 SLURMD_PORT = 6918
+SLOTS = 8  # lanes up at once on one machine
 CPUS = 2  # per node, as configured (SlurmdParameters=config_overrides: not the real count)
 MEMORY_MB = 1000
 PARTITION = "batch"
 URGENT = "urgent"  # the same nodes at a higher PriorityTier: it preempts batch (REQUEUE)
 MAX_TIME_MIN = 30  # the partitions' limit: a request for more is refused
 SLURMD_TIMEOUT_S = 10
-# the directory of the cluster that is up: one at a time (the namespaces' names and the ports
-# are the lane's own, not a run's)
-ACTIVE = Path("/run/specconsole-slurm/active")
-TOOLS = ("munged", "slurmctld", "slurmd", "sinfo", "sbatch", "ip", "unshare", "nsenter")
+# slot-S names the directory of the cluster holding slot S
+SLOT_DIR = Path("/run/specconsole-slurm")
+SLOT_CLAIM_S = 120.0  # a claim whose slurmctld is not up yet is taken for this long
+TOOLS = ("munged", "slurmctld", "slurmd", "sinfo", "sbatch", "ip", "unshare", "nsenter",
+         "iptables")
 
 
 class SetupError(RuntimeError):
     """The cluster could not be set up; the message is the lane's one line."""
-
-
-def namespace(node: str) -> str:
-    return f"{NS_PREFIX}{node}"
-
-
-def node_address(index: int) -> str:
-    return f"{NET}.{index}.2"
 
 
 def slurm_env(conf: Path) -> dict[str, str]:
@@ -70,18 +67,22 @@ def _sh(*argv: str, check: bool = True, env: dict[str, str] | None = None,
     return done
 
 
-def slurm_conf(workdir: Path, nodes: tuple[str, ...] = NODES) -> str:
-    """slurm.conf for the lane's cluster (everything under `workdir`)."""
+def net(slot: int) -> str:
+    return f"10.{NET + slot}"
+
+
+def slurm_conf(workdir: Path, nodes: tuple[str, ...] = NODES, slot: int = 0) -> str:
+    """slurm.conf for the lane's cluster (everything under `workdir`) in slot `slot`."""
     login = socket.gethostname().split(".")[0]
     node_lines = "\n".join(
-        f"NodeName={node} NodeAddr={node_address(i)} NodeHostname={node} CPUs={CPUS} "
+        f"NodeName={node} NodeAddr={net(slot)}.{i}.2 NodeHostname={node} CPUs={CPUS} "
         f"RealMemory={MEMORY_MB} State=UNKNOWN" for i, node in enumerate(nodes, 1))
     names = ",".join(nodes)
     return f"""\
 ClusterName=specconsole
-SlurmctldHost={login}({NET}.1.1)
-SlurmctldPort={SLURMCTLD_PORT}
-SlurmdPort={SLURMD_PORT}
+SlurmctldHost={login}({net(slot)}.1.1)
+SlurmctldPort={SLURMCTLD_PORT + 2 * slot}
+SlurmdPort={SLURMD_PORT + 2 * slot}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -128,6 +129,10 @@ class Cluster:
         self.nodes = nodes
         self.conf = self.workdir / "slurm.conf"
         self.munge = self.workdir / "munge"
+        self.slot = _int(self.workdir / "slot")  # None until `up` claims one
+
+    def namespace(self, node: str) -> str:
+        return f"{NS_PREFIX}{self.slot}-{node}"
 
     @property
     def env(self) -> dict[str, str]:
@@ -145,18 +150,17 @@ class Cluster:
         if os.geteuid() != 0:
             raise SetupError("the slurm lane needs root (network namespaces, slurmd)")
         started = time.monotonic()
-        other = _active()
-        if other is not None and other != self.workdir:
-            raise SetupError(f"another Slurm lane cluster is up ({other}): take it down first "
-                             f"(python3 tests/slurm/slurmlab.py down {other})")
-        self.down()  # whatever a crashed run left
-        ACTIVE.parent.mkdir(parents=True, exist_ok=True)
-        ACTIVE.write_text(str(self.workdir))
+        # always claimed, even in a directory that ran in a slot before: that slot may be
+        # another lane's by now
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.slot = _claim(self.workdir)
+        (self.workdir / "slot").write_text(str(self.slot))
+        self.down(keep_slot=True)  # whatever a crashed run left in this slot
         for sub in ("state", "spool", "munge"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
         for node in self.nodes:
             (self.workdir / "spool" / node).mkdir(exist_ok=True, mode=0o700)
-        self.conf.write_text(slurm_conf(self.workdir, self.nodes))
+        self.conf.write_text(slurm_conf(self.workdir, self.nodes, self.slot))
         self._network()
         self._munged()
         self._daemon("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
@@ -164,7 +168,7 @@ class Cluster:
             self.start_slurmd(node)
         self.wait_idle(timeout)
         return {"nodes": f"{len(self.nodes)} ({', '.join(self.nodes)}), one slurmd each in "
-                         f"network namespaces {NS_PREFIX}<node>",
+                         f"network namespaces {NS_PREFIX}{self.slot}-<node>",
                 "partitions": f"{PARTITION} (PriorityTier 1), {URGENT} (PriorityTier 10, "
                               f"preempts with REQUEUE), MaxTime {MAX_TIME_MIN} min",
                 "slurm": _sh("sinfo", "-V", env=self.env).stdout.strip(),
@@ -172,17 +176,30 @@ class Cluster:
                 "up in": f"{time.monotonic() - started:.1f} s"}
 
     def _network(self) -> None:
+        assert self.slot is not None
+        prefix = net(self.slot)
         for i, node in enumerate(self.nodes, 1):
-            ns, host_dev = namespace(node), f"scslurm{i}"
+            ns, host_dev = self.namespace(node), self._link(i)
             _sh("ip", "netns", "add", ns)
             _sh("ip", "-n", ns, "link", "set", "lo", "up")
             _sh("ip", "link", "add", host_dev, "type", "veth", "peer", "name", "eth0",
                 "netns", ns)
-            _sh("ip", "addr", "add", f"{NET}.{i}.1/24", "dev", host_dev)
+            _sh("ip", "addr", "add", f"{prefix}.{i}.1/24", "dev", host_dev)
             _sh("ip", "link", "set", host_dev, "up")
-            _sh("ip", "-n", ns, "addr", "add", f"{node_address(i)}/24", "dev", "eth0")
+            _sh("ip", "-n", ns, "addr", "add", f"{prefix}.{i}.2/24", "dev", "eth0")
             _sh("ip", "-n", ns, "link", "set", "eth0", "up")
-            _sh("ip", "-n", ns, "route", "add", "default", "via", f"{NET}.{i}.1")
+            _sh("ip", "-n", ns, "route", "add", "default", "via", f"{prefix}.{i}.1")
+        _sh("iptables", *self._node_to_node("-I"))
+
+    def _node_to_node(self, how: str) -> list[str]:
+        """The iptables rule that lets the nodes reach one another through the login node (a
+        several-node job's rendezvous); docker's FORWARD policy drops it otherwise."""
+        links = f"{NS_PREFIX}{self.slot}n+"
+        return [how, "FORWARD", "-i", links, "-o", links, "-j", "ACCEPT"]
+
+    def _link(self, index: int) -> str:
+        """The login node's end of node `index`'s veth pair."""
+        return f"{NS_PREFIX}{self.slot}n{index}"
 
     def _munged(self) -> None:
         key = self.munge / "munge.key"
@@ -205,7 +222,7 @@ class Cluster:
         slurmd 22.05 will not start without its cgroup plugin's mount."""
         conf = self.conf
         self._daemon(f"slurmd-{node}", [
-            "nsenter", f"--net=/run/netns/{namespace(node)}", "unshare", "--uts", "sh", "-c",
+            "nsenter", f"--net=/run/netns/{self.namespace(node)}", "unshare", "--uts", "sh", "-c",
             f"hostname {node} && exec slurmd -D -f {conf} -N {node}"])
 
     def slurmd_pid(self, node: str) -> int | None:
@@ -246,18 +263,23 @@ class Cluster:
 
     # -- down ------------------------------------------------------------------------------
 
-    def down(self) -> None:
+    def down(self, keep_slot: bool = False) -> None:
         """Stop every daemon this directory's pid files name and every process in the lane's
-        namespaces (the jobs' too), then delete the namespaces and their links."""
+        namespaces (the jobs' too), then delete the namespaces and their links, and give the
+        slot back (unless `keep_slot`)."""
+        if self.slot is None:
+            return
         for i, node in enumerate(self.nodes, 1):
-            ns = namespace(node)
+            ns = self.namespace(node)
             if Path(f"/run/netns/{ns}").exists():
                 pids = _sh("ip", "netns", "pids", ns, check=False).stdout.split()
                 for pid in pids:
                     with contextlib.suppress(ProcessLookupError, ValueError):
                         os.kill(int(pid), signal.SIGKILL)
                 _sh("ip", "netns", "del", ns, check=False)
-            _sh("ip", "link", "del", f"scslurm{i}", check=False)
+            _sh("ip", "link", "del", self._link(i), check=False)
+        while _sh("iptables", *self._node_to_node("-D"), check=False).returncode == 0:
+            pass
         for pid_file in (self.workdir / "slurmctld.pid", self.munge / "munged.pid"):
             with contextlib.suppress(OSError, ValueError, ProcessLookupError):
                 pid = int(pid_file.read_text().split()[0])
@@ -265,19 +287,57 @@ class Cluster:
                 deadline = time.monotonic() + 10  # slurmctld saves its state, then exits
                 while _alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.05)
+        slot = SLOT_DIR / f"slot-{self.slot}"
         with contextlib.suppress(OSError):
-            if Path(ACTIVE.read_text().strip()) == self.workdir:
-                ACTIVE.unlink()
+            if not keep_slot and Path(slot.read_text().strip()) == self.workdir:
+                slot.unlink()
 
 
-def _active() -> Path | None:
-    """The workdir of the cluster that is up, while its slurmctld lives."""
+def _claim(workdir: Path) -> int:
+    """A free slot, claimed for `workdir` (O_EXCL); a slot whose cluster is gone (its
+    slurmctld dead, its claim older than SLOT_CLAIM_S) is taken over."""
+    SLOT_DIR.mkdir(parents=True, exist_ok=True)
+    for slot in range(SLOTS):
+        path = SLOT_DIR / f"slot-{slot}"
+        if path.exists() and _stale(path):
+            with contextlib.suppress(OSError):
+                Cluster(Path(path.read_text().strip())).down()  # a crashed lane's leftovers
+            path.unlink(missing_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            continue
+        os.write(fd, str(workdir).encode())
+        os.close(fd)
+        if Path(f"/run/netns/{NS_PREFIX}{slot}-{NODES[0]}").exists() and not _ours(slot, workdir):
+            path.unlink(missing_ok=True)  # a cluster runs there unclaimed: left alone
+            continue
+        return slot
+    raise SetupError(f"all {SLOTS} Slurm lane slots are taken ({SLOT_DIR}): wait for a lane "
+                     "to end")
+
+
+def _ours(slot: int, workdir: Path) -> bool:
+    """Whether the slot's namespaces are a run of this directory's (a crash's leftovers)."""
+    return _int(workdir / "slot") == slot
+
+
+def _stale(path: Path) -> bool:
+    """A slot claimed more than SLOT_CLAIM_S ago whose slurmctld is not running."""
     try:
-        workdir = Path(ACTIVE.read_text().strip())
-        pid = int((workdir / "slurmctld.pid").read_text().split()[0])
+        ctld = _int(Path(path.read_text().strip()) / "slurmctld.pid")
+        young = time.time() - path.stat().st_mtime < SLOT_CLAIM_S
+    except OSError:
+        return False
+    return not young and not (ctld is not None and _alive(ctld))
+
+
+def _int(path: Path) -> int | None:
+    """The first word of a file as an int (a pid file, the slot)."""
+    try:
+        return int(path.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    return workdir if _alive(pid) else None
 
 
 def _alive(pid: int) -> bool:

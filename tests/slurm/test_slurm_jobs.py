@@ -23,6 +23,7 @@ import pytest
 from helpers import (
     async_wait_for,
     carriers,
+    free_port,
     next_event,
     sim_profile,
     sim_server,
@@ -35,10 +36,19 @@ from tui.core.describe import death_lines, describe
 from tui.core.errors import PreflightFailed
 from tui.core.phases import Phase
 from tui.core.profile import load_profile
+from tui.core.slurm import expand_nodes
 from tui.core.state import Died, PhaseChanged, Ready, Stalled, State
 from tui.core.status import status_line, timeline_rows, view_of
 from tui.remote import launcher
-from tui.supervise.events import JobAllocated, JobEnded, JobEnding, JobQueued, JobSubmitted
+from tui.supervise.events import (
+    GpusSeen,
+    JobAllocated,
+    JobEnded,
+    JobEnding,
+    JobQueued,
+    JobSubmitted,
+)
+from tui.supervise.group import ClusterRun, MemberEvent, RunDied, StepFailed
 from tui.supervise.history import History
 from tui.supervise.supervisor import Supervisor
 
@@ -521,3 +531,127 @@ async def test_attach_to_a_job_submitted_by_hand_then_kill_names_whose_it_is(
     assert killed.returncode == 1 and len(said) == 1, killed.stdout + killed.stderr
     assert said[0].endswith(f"end it with `scancel {job_id}` (the scheduler's own kill)"), said
     assert scontrol(job_id, cluster)["JobState"] == "RUNNING"
+
+
+def two_node_profile(tmp: Path) -> Path:
+    """The simulated engine at TP 8 over a two-node job (vLLM's native multi-node: the head on
+    the first node, a --headless node on the second), 4 fake GPUs per node."""
+    path = tmp / "two.toml"
+    path.write_text(f"""
+[host]
+target = "local"
+python = "{sys.executable}"
+runs_dir = "{tmp / 'runs'}"
+{sim_server(tmp, "ready", 300.0, load_time="1m", stall="5m", gpus=4)}
+[slurm]
+partition = "batch"
+time = "5"
+nodes = 2
+job_name = "two"
+
+[cluster]
+backend = "native"
+port = {free_port()}
+join_timeout = "60s"
+""")
+    return path
+
+
+def _of(member: str, kind: type) -> Any:
+    return lambda e: (isinstance(e, MemberEvent) and e.member == member
+                      and isinstance(e.event, kind))
+
+
+async def test_a_two_node_job_a_member_per_node_kill_then_a_worker_killed_on_the_second(
+        tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
+    """One job of two nodes: the server's member on the first, the headless node on the
+    second, each launched by the agent the job script started on its node and watched through
+    a step (its processes, their GPU memory). Kill leaves no process of either member on either
+    node and the job out of the queue. Launched again (a new job): a worker SIGKILLed on the
+    second node is the run's death within 1 s, naming the node and the process, its root cause
+    the signal; while the scheduler still runs the job, the verdict says the first node still
+    holds its GPUs; the job's own end follows (the simulated head, like vLLM's multiproc
+    executor, shuts down when a worker dies) and leaves nothing on either node."""
+    group = ClusterRun(load_profile(two_node_profile(tmp_path)))
+    events = group.subscribe()
+    seen: list[Any] = []
+    try:
+        nodes = await _two_node_ready(group, events, seen, cluster, jobs)
+        first_runs = [s.run.run_id for s in group.sups.values() if s.run is not None]
+        await group.kill(2.0)
+        assert len(first_runs) == 2
+        for run_id in first_runs:
+            await _gone(run_id, timeout=5)
+        assert scontrol(jobs[0], cluster)["JobState"] == "CANCELLED"
+        assert _queued(jobs[0], cluster) == ""
+        for sup in group.sups.values():  # as restart does, after the kill
+            sup.reset()
+        nodes = await _two_node_ready(group, events, seen, cluster, jobs)
+        second = group.sups["node-1"]
+        assert second.run is not None
+        victim = _worker(second.run.run_id, "Worker_TP")
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        died = await until_event(events, lambda e: isinstance(e, RunDied), 10, "the death", seen)
+        after = time.monotonic() - killed_at
+        assert after < 1.0, f"DEAD {after:.2f} s after the SIGKILL"
+        assert (died.member, died.host) == ("node-1", nodes[1])
+        assert died.death.pid == victim and died.death.process.startswith("Worker_TP")
+        assert died.death.ended_by is None, "a worker's own death is not the scheduler's"
+        failed = await until_event(events, lambda e: isinstance(e, StepFailed), 10,
+                                   "the failed step's verdict", seen)
+        assert (failed.node, failed.holding) == (nodes[1], (nodes[0],))
+        assert failed.words().startswith(f"{died.death.process} died on {nodes[1]}; job "
+                                         f"{jobs[-1]} is still running: {nodes[0]} still holds "
+                                         "its GPUs"), failed.words()
+        record_figure("two-node job: worker SIGKILL on the second node -> DEAD (ms)",
+                      round(after * 1000, 1))
+        await asyncio.sleep(1.0)  # the exit status comes after the death: its root cause
+        found = group.death()
+        assert found is not None and found[0].host == nodes[1]
+        assert death_lines(found[1])[1].startswith("root cause: killed by SIGKILL"), found
+        ended = await until_event(events, _of("server", JobEnded), 30, "the job's end", seen)
+        assert ended.event.end.state in ("COMPLETED", "FAILED"), ended.event
+    finally:
+        await group.close()
+    for sup in group.sups.values():
+        assert sup.run is not None
+        await _gone(sup.run.run_id, timeout=10)
+    assert scontrol(jobs[-1], cluster)["JobState"] in ("COMPLETED", "FAILED")
+    assert _queued(jobs[-1], cluster) == ""
+
+
+async def _two_node_ready(group: ClusterRun, events: asyncio.Queue[Any], seen: list[Any],
+                          cluster: Cluster, jobs: list[str]) -> tuple[str, ...]:
+    """Launch the two-node job to READY; its nodes, each checked to run its member."""
+    started = time.monotonic()
+    launching = asyncio.ensure_future(group.launch())
+    submitted = await until_event(events, _of("server", JobSubmitted), 30, "the job", seen)
+    jobs.append(submitted.event.job_id)
+    await until_event(events, _of("server", Ready), 120, "READY", seen)
+    await launching
+    record_figure("two-node job: submit -> READY (s)", round(time.monotonic() - started, 1))
+    fields = scontrol(jobs[-1], cluster)
+    assert (fields["JobState"], fields["NumNodes"]) == ("RUNNING", "2")
+    nodes = expand_nodes(fields["NodeList"])
+    assert [(m.name, m.host) for m in group.parts] == [("server", nodes[0]),
+                                                       ("node-1", nodes[1])]
+    assert [(m.role, m.host) for m in group.members] == [("server", nodes[0]),
+                                                         ("node-1", nodes[1])]
+    for m, node in zip(group.parts, nodes, strict=True):
+        sup = group.sups[m.name]
+        assert sup.run is not None and sup.job is not None and sup.job.node == node
+        # the member's server runs on its node (that node's network namespace), and the agent
+        # there sees its GPU memory, per process
+        assert os.readlink(f"/proc/{sup.run.pid}/ns/net") == os.readlink(
+            f"/proc/{cluster.slurmd_pid(node)}/ns/net"), m.name
+        ours = set(carriers(sup.run.run_id))
+        await until_event(events, lambda e, name=m.name, ours=ours: _of(name, GpusSeen)(e)
+                          and any(p.pid in ours for g in e.event.gpus.gpus for p in g.procs),
+                          30, f"{m.name}'s GPU memory", seen)
+    return nodes
+
+
+def _queued(job_id: str, cluster: Cluster) -> str:
+    return subprocess.run(["squeue", "--noheader", "--jobs", job_id], env=cluster.env,
+                          capture_output=True, text=True).stdout.strip()

@@ -3,15 +3,19 @@ records its pid and its exit, with all output appended to the run's server.log.
 
 Inside a Slurm job (`hold`), the launch then stays until the server ends, so the job lasts as
 long as the server; the scheduler's SIGTERM at the job's end (its time limit, scancel) is
-passed to the server's process group, which left the job's process tree when it detached."""
+passed to the server's process group, which left the job's process tree when it detached.
+On each node of a several-node job (`request`) the launch first waits for its member's spec,
+which the console writes when that member's turn comes."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,6 +30,12 @@ from .wire import AGENT_VERSION, AgentFailure, SpecError, emit, spec_strings, sp
 
 
 def cmd_launch(spec: dict) -> int:
+    request = spec_value(spec, "request", str, None)
+    if request is not None:
+        asked = _await_request(request, float(spec_value(spec, "wait_s", (int, float), 600)))
+        if asked is None:
+            return 0  # no member was launched here: the node is left to the job's end
+        spec = asked
     run_id = spec_value(spec, "run_id", str)
     if not run_id or "/" in run_id or run_id in (".", ".."):
         raise SpecError(f"bad run_id {run_id!r}")
@@ -107,6 +117,33 @@ def cmd_launch(spec: dict) -> int:
         raise AgentFailure("exec_failed", str(failure.get("error") or "the server did not start"))
     emit("launched", run_id=run_id, run_dir=run_dir, pid=info["pid"], pgid=info["pgid"], log=log)
     return _hold(run_dir, info) if hold else 0
+
+
+REQUEST_POLL_S = 0.1
+
+
+def _await_request(pattern: str, wait_s: float) -> dict | None:
+    """This node's launch spec (`{node}` in `pattern` is its Slurm name), once the console has
+    written it, read and removed (it holds the server's environment); None when none came
+    within `wait_s`."""
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    path = os.path.expanduser(pattern.replace("{node}", node))
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            with open(path, encoding="utf-8") as f:
+                spec = json.load(f)
+        except FileNotFoundError:
+            time.sleep(REQUEST_POLL_S)
+            continue
+        except (OSError, ValueError) as exc:
+            raise SpecError(f"cannot read the launch request {path}: {exc}") from None
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        if not isinstance(spec, dict):
+            raise SpecError(f"the launch request {path} is not a spec")
+        return spec
+    return None
 
 
 HOLD_POLL_S = 0.2

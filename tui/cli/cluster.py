@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from tui.cli.exit_codes import EXIT_DEAD, EXIT_ERROR, EXIT_PREFLIGHT
+from tui.core.cluster import SERVER
 from tui.core.describe import gpu_verdict
 from tui.core.errors import PreflightFailed
 from tui.core.logline import strip_escapes
@@ -55,9 +56,11 @@ async def kill_cluster(group: ClusterRun, grace: float) -> int:
 
 
 async def check_cluster(group: ClusterRun) -> int:
-    """Preflight on every host, each check under its host; 6 when any host refuses."""
+    """Preflight on every host, each check under its host; 6 when any host refuses. A
+    several-node Slurm job's is the scheduler's answer, once (its nodes are not known yet)."""
     refused = False
-    for m in group.parts:
+    asked = [group.part(SERVER)] if group.profile.slurm is not None else group.parts
+    for m in asked:
         sup = group.sups[m.name]
         if not m.profile.preflight.enabled:
             print(f"{m.host} {m.name}: preflight switched off")

@@ -7,6 +7,10 @@ other nodes `--headless`). Each member is one process tree on one host, launched
 a single-host run (its own derived Profile), in the order given here; a member with a `joined`
 pattern must print it before the next member starts.
 
+Through Slurm (`[slurm] nodes = N` with `[cluster]`) the hosts are the job's nodes, known once
+the scheduler has allocated them (`allocated`): each member is then reached through the login
+node ([host]) as a step of the job, and runs on its node as on any host.
+
 A simulated profile (`[simulate]`) runs the simulated engine everywhere; its Ray is the
 simulated one (`tui.sim.ray`) unless `[cluster] ray` names a Ray command of its own: then the
 members run that real `ray start`, with the simulated GPUs declared as Ray's (`--num-gpus`),
@@ -17,6 +21,7 @@ and the simulated engine core places its ranks as real Ray actors on that cluste
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
@@ -60,16 +65,39 @@ class Member:
 
     @property
     def host(self) -> str:
-        return self.node.host.target
+        return self.node.where
 
 
 def is_cluster(profile: Profile) -> bool:
-    return profile.cluster is not None and len(profile.nodes) > 1
+    return profile.cluster is not None and (len(profile.nodes) > 1 or job_nodes(profile) > 1)
+
+
+def job_nodes(profile: Profile) -> int:
+    """How many nodes the profile's Slurm job asks for (1 without [slurm])."""
+    return profile.slurm.nodes if profile.slurm is not None else 1
+
+
+def allocated(profile: Profile, nodes: Sequence[tuple[str, str]]) -> Profile:
+    """A several-node job's profile once the scheduler has allocated its nodes, each (name,
+    address), the first the head: the hosts of its launch, each reached through [host] (the
+    login node) as a step of the job."""
+    return replace(profile, nodes=tuple(
+        NodeConfig("head" if i == 0 else "worker", profile.host, address, job_node=name)
+        for i, (name, address) in enumerate(nodes)))
+
+
+def unallocated(profile: Profile) -> Profile:
+    """A several-node job's profile before its allocation: its members are named, their nodes
+    not known yet (`job node 1`, ...); `allocated` replaces them."""
+    return allocated(profile, [(f"job node {i}", f"job-node-{i}.invalid")
+                               for i in range(1, job_nodes(profile) + 1)])
 
 
 def members(profile: Profile) -> list[Member]:
     """The members in launch order (kill goes the other way round)."""
     cluster = profile.cluster
+    if not profile.nodes and job_nodes(profile) > 1:
+        profile = unallocated(profile)
     assert cluster is not None and profile.nodes, "members() is for [[hosts]] profiles"
     head, others = profile.nodes[0], profile.nodes[1:]
     port = cluster.rendezvous_port
@@ -117,7 +145,7 @@ def _scenario(profile: Profile, node: NodeConfig) -> str | None:
         return None
     if sim.fault_host is None:
         return sim.scenario
-    return sim.scenario if sim.fault_host == node.host.target else "ready"
+    return sim.scenario if sim.fault_host == node.where else "ready"
 
 
 def _on_host(profile: Profile, node: NodeConfig) -> Profile:
@@ -126,7 +154,7 @@ def _on_host(profile: Profile, node: NodeConfig) -> Profile:
     sim = profile.simulate
     if sim is not None:
         base = PurePosixPath(sim.gpu_state or "~/.specconsole/sim-gpus")
-        sim = replace(sim, gpu_state=str(base / _safe(node.host.target)),
+        sim = replace(sim, gpu_state=str(base / _safe(node.where)),
                       scenario=_scenario(profile, node) or sim.scenario)
     return replace(profile, host=node.host, simulate=sim, nodes=(), cluster=None)
 

@@ -20,6 +20,9 @@ from tui.core.profile import Profile, SlurmConfig, slurm_time_seconds
 RUN_ID_ENV = "SPECCONSOLE_RUN_ID"  # the agent's rundir.ENV_KEY: every process of a run has it
 JOB_SCRIPT = "job.sbatch"  # in the run directory: what was submitted, kept to read and rerun
 JOB_OUTPUT = "slurm-%j.out"  # the batch script's own output (slurmstepd's CANCELLED line)
+# In a several-node job's directory: the launch of the member on node {node}, written by the
+# console when that member's turn comes, read (and removed) by the agent waiting on that node
+LAUNCH_REQUEST = "launch-{node}.json"
 
 # The job's states that are over (squeue no longer lists the job once it is past COMPLETING).
 END_STATES = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
@@ -57,14 +60,34 @@ def job_script(profile: Profile, run_id: str, run_dir: str, command: Sequence[st
     quoted here: the one place it becomes shell text) run in the foreground, its stdin from
     the file `stdin`. The job lasts as long as the command: it must wait for the server. The
     run id is the server's (the agent puts RUN_ID_ENV in its environment), not the script's:
-    a sweep of the run's processes must not end the job that holds them."""
+    a sweep of the run's processes must not end the job that holds them.
+
+    A several-node job runs `command` once on every node (nodes_step_argv: the batch script
+    itself runs on the first node only); there it waits for its member's launch
+    (LAUNCH_REQUEST), and the job lasts as long as any node's server."""
+    config = _config(profile)
     lines = ["#!/bin/bash", *(f"#SBATCH {word}" for word in sbatch_options(profile, run_dir)),
-             f"# specconsole run {run_id} of profile {shlex.quote(profile.path)}",
-             f"# the server's environment holds {RUN_ID_ENV}={shlex.quote(run_id)}"]
+             f"# specconsole run {run_id} of profile {shlex.quote(profile.path)}"]
+    if config.nodes > 1:
+        lines.append(f"# one agent per node, each launching its member's server when asked "
+                     f"({shlex.quote(run_dir)}/{LAUNCH_REQUEST}); each server's environment "
+                     f"holds {RUN_ID_ENV}=<its member's run id>")
+        command = [*nodes_step_argv(config.nodes), *command]
+    else:
+        lines.append(f"# the server's environment holds {RUN_ID_ENV}={shlex.quote(run_id)}")
     lines += [f"export {name}={shlex.quote(value)}" for name, value in (env or {}).items()]
     redirect = f" < {shlex.quote(stdin)}" if stdin is not None else ""
     lines.append(" ".join(shlex.quote(word) for word in command) + redirect)
     return "\n".join(lines) + "\n"
+
+
+def nodes_step_argv(nodes: int) -> list[str]:
+    """In a several-node job's script, what runs a command once on each of its `nodes`: one
+    step of one task per node, its stdin (the agent and its spec) given to every task; a task
+    that ends (its node's server died) leaves the others running (--kill-on-bad-exit=0), and
+    the console's own steps share the nodes with it (--overlap)."""
+    return ["srun", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}",
+            "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--input=all"]
 
 
 def _config(profile: Profile) -> SlurmConfig:
@@ -406,6 +429,46 @@ def duration_words(seconds: float) -> str:
     return " ".join(p for p in parts if p) or "0 s"
 
 
+def node_states_argv(nodes: Sequence[str]) -> list[str]:
+    """Each of `nodes` with its state and address: `node-2|down*|10.230.2.2`."""
+    return ["sinfo", "--noheader", "--Node", f"--nodes={','.join(nodes)}", "--format=%N|%t|%o"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """A node as sinfo tells it: its name, short state (idle, alloc, mix, down*, ...), and the
+    address the other nodes reach it at (NodeAddr)."""
+
+    name: str
+    state: str
+    address: str
+
+    @property
+    def lost(self) -> bool:
+        """Not answering the scheduler (`*`), or down, drained, failing."""
+        return self.state.endswith("*") or self.state.rstrip("*~#!%$@^-") in (
+            "down", "drain", "drng", "fail", "failg")
+
+
+def parse_node_states(text: str) -> tuple[NodeState, ...]:
+    """node_states_argv's lines, each node once (sinfo lists a node per partition)."""
+    found: dict[str, NodeState] = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3 and parts[0]:
+            found.setdefault(parts[0], NodeState(parts[0], parts[1], parts[2] or parts[0]))
+    return tuple(found.values())
+
+
+def step_failed_words(job_id: str, node: str, process: str, holding: Sequence[str]) -> str:
+    """A several-node job whose step died on one node while the job runs on: which node, and
+    that the others are still holding their GPUs until someone ends the job."""
+    others = ", ".join(holding)
+    verb = "holds its" if len(holding) == 1 else "hold their"
+    return (f"{process} died on {node}; job {job_id} is still running: {others} still {verb} "
+            f"GPUs until the job ends (specconsole kill, or scancel {job_id}, releases them)")
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerEnd:
     """How the scheduler says the job ended."""
@@ -417,6 +480,7 @@ class SchedulerEnd:
     exit_code: int | None
     exit_signal: int | None
     reason: str
+    nodes: tuple[str, ...] = ()  # all of the job's, when it had several
 
     @property
     def schedulers_doing(self) -> bool:
@@ -428,13 +492,14 @@ class SchedulerEnd:
         """The end in words: `TIMEOUT: the job's 1 min time limit ended it, 58 s after READY`."""
         after = f", {duration_words(ready_for_s)} after READY" if ready_for_s is not None else ""
         on = f" on {self.node}" if self.node else ""
+        of = f" (of the job's {', '.join(self.nodes)})" if len(self.nodes) > 1 else ""
         if self.state == "TIMEOUT":
             limit = (f"{duration_words(self.time_limit_s)} " if self.time_limit_s else "")
             return f"TIMEOUT: the job's {limit}time limit ended it{after}"
         if self.state == "CANCELLED":
             return f"CANCELLED: job {self.job_id} was cancelled (scancel){after}"
         if self.state == "NODE_FAIL":
-            return f"NODE_FAIL: the scheduler lost node {self.node or '?'}{after}"
+            return f"NODE_FAIL: the scheduler lost node {self.node or '?'}{of}{after}"
         if self.state == "PREEMPTED":
             return f"PREEMPTED: a job of a higher priority took its node{on}{after}"
         if self.state == "OUT_OF_MEMORY":
@@ -459,7 +524,7 @@ def scheduler_end(job: Job) -> SchedulerEnd | None:
     if not job.ended:
         return None
     return SchedulerEnd(job.state, job.job_id, job.node, job.time_limit_s, job.exit_code,
-                        job.exit_signal, job.reason)
+                        job.exit_signal, job.reason, job.nodes)
 
 
 def allocation_end(job: Job, restarts: int, node: str | None) -> SchedulerEnd | None:
@@ -468,7 +533,8 @@ def allocation_end(job: Job, restarts: int, node: str | None) -> SchedulerEnd | 
     end = scheduler_end(job)
     if end is not None or (job.restarts <= restarts and not job.pending):
         return end
-    return SchedulerEnd("REQUEUED", job.job_id, node, job.time_limit_s, None, None, job.reason)
+    return SchedulerEnd("REQUEUED", job.job_id, node, job.time_limit_s, None, None, job.reason,
+                        job.nodes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tui.core import slurm
@@ -49,6 +49,11 @@ _RUN_DIR = ("import os,sys;d=os.path.abspath(os.path.expanduser(sys.argv[1]));"
 _WRITE = ("import os,sys;"
           "f=os.open(sys.argv[1],os.O_WRONLY|os.O_CREAT|os.O_EXCL,int(sys.argv[2],8));"
           "o=os.fdopen(f,'wb');o.write(sys.stdin.buffer.read());o.close()")
+# written whole, then renamed into place: whoever waits for the file never reads half of it
+_WRITE_WHOLE = ("import os,sys;t=sys.argv[1]+'.part';"
+                "f=os.open(t,os.O_WRONLY|os.O_CREAT|os.O_EXCL,0o600);"
+                "o=os.fdopen(f,'wb');o.write(sys.stdin.buffer.read());o.close();"
+                "os.rename(t,sys.argv[1])")
 
 
 class StepSession(Session):
@@ -118,17 +123,29 @@ async def submit(session: Session, profile: Profile, plan: LaunchPlan) -> Submit
     """Make the run directory on the login node, write the agent's launch spec and the job
     script into it (both kept: the script can be read and rerun), sbatch it, record the job
     id there."""
+    return await _submit(session, profile, plan.run_id, lambda _: launch_spec(profile, plan))
+
+
+async def submit_nodes(session: Session, profile: Profile, run_id: str,
+                       wait_s: float) -> Submitted:
+    """A several-node job: its directory (`run_id`, beside the members' runs) holds the job
+    script, which starts the agent on every node, each waiting up to `wait_s` for its member's
+    launch (request_launch) as the members join in turn."""
+    return await _submit(session, profile, run_id, lambda run_dir: {
+        "request": f"{run_dir}/{slurm.LAUNCH_REQUEST}", "wait_s": wait_s})
+
+
+async def _submit(session: Session, profile: Profile, run_id: str,
+                  spec_of: Callable[[str], dict[str, object]]) -> Submitted:
     python = host_python(profile)
     runs_dir = profile.host.runs_dir.rstrip("/")
-    run_dir = (await _checked(session, [python, "-c", _RUN_DIR,
-                                        f"{runs_dir}/{plan.run_id}"])).strip()
+    run_dir = (await _checked(session, [python, "-c", _RUN_DIR, f"{runs_dir}/{run_id}"])).strip()
     target = agent_target(profile)
     stdin_path = f"{run_dir}/{AGENT_STDIN}"
     # the archive and the spec (the server's environment, secrets too) readable by the user only
     await _checked(session, [python, "-c", _WRITE, stdin_path, "600"],
-                   agent_stdin(agent_archive().data, launch_spec(profile, plan)))
-    script = slurm.job_script(profile, plan.run_id, run_dir, target.argv("launch"),
-                              stdin=stdin_path)
+                   agent_stdin(agent_archive().data, spec_of(run_dir)))
+    script = slurm.job_script(profile, run_id, run_dir, target.argv("launch"), stdin=stdin_path)
     script_path = f"{run_dir}/{slurm.JOB_SCRIPT}"
     await _checked(session, [python, "-c", _WRITE, script_path, "700"], script.encode())
     try:
@@ -137,21 +154,55 @@ async def submit(session: Session, profile: Profile, plan: LaunchPlan) -> Submit
         raise SessionError(session.host, str(exc)) from None
     await _checked(session, [python, "-c", _WRITE, f"{run_dir}/{JOB_RECORD}", "600"],
                    json.dumps({"job_id": job_id, "script": script_path}).encode())
-    return Submitted(plan.run_id, run_dir, job_id, script_path)
+    return Submitted(run_id, run_dir, job_id, script_path)
+
+
+async def request_launch(session: Session, profile: Profile, plan: LaunchPlan, job_dir: str,
+                         job_id: str, node: str) -> str:
+    """A member of a several-node job: its run directory made on the login node (the job
+    recorded in it, with its node), then its launch spec handed to the agent waiting on `node`
+    (slurm.LAUNCH_REQUEST in the job's directory); the run directory."""
+    python = host_python(profile)
+    runs_dir = profile.host.runs_dir.rstrip("/")
+    run_dir = (await _checked(session, [python, "-c", _RUN_DIR,
+                                        f"{runs_dir}/{plan.run_id}"])).strip()
+    await _checked(session, [python, "-c", _WRITE, f"{run_dir}/{JOB_RECORD}", "600"],
+                   json.dumps({"job_id": job_id, "script": f"{job_dir}/{slurm.JOB_SCRIPT}",
+                               "node": node}).encode())
+    request = f"{job_dir}/{slurm.LAUNCH_REQUEST.format(node=node)}"
+    await _checked(session, [python, "-c", _WRITE_WHOLE, request],
+                   json.dumps(launch_spec(profile, plan)).encode())
+    return run_dir
+
+
+async def node_states(session: Session, nodes: Sequence[str]) -> tuple[slurm.NodeState, ...]:
+    """The nodes' states and addresses, as sinfo tells them."""
+    return slurm.parse_node_states(await _checked(session, slurm.node_states_argv(nodes)))
 
 
 async def job_of(session: Session, profile: Profile, run_dir: str) -> str | None:
     """The job id recorded in a run directory (JOB_RECORD), or None when there is none."""
+    job_id = (await _job_record(session, profile, run_dir)).get("job_id")
+    return str(job_id) if job_id else None
+
+
+async def node_of(session: Session, profile: Profile, run_dir: str) -> str | None:
+    """The node recorded in a several-node job's member's run directory, or None."""
+    node = (await _job_record(session, profile, run_dir)).get("node")
+    return str(node) if node else None
+
+
+async def _job_record(session: Session, profile: Profile, run_dir: str) -> dict[str, object]:
     done = await session.run([host_python(profile), "-c",
                               "import sys;sys.stdout.write(open(sys.argv[1]).read())",
                               f"{run_dir}/{JOB_RECORD}"], timeout=30)
     if done.returncode != 0:
-        return None
+        return {}
     try:
-        job_id = json.loads(done.stdout.decode("utf-8", "replace")).get("job_id")
-    except (ValueError, AttributeError):
-        return None
-    return str(job_id) if job_id else None
+        found = json.loads(done.stdout.decode("utf-8", "replace"))
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 async def job_server(step: Session, profile: Profile, job_id: str) -> slurm.JobProc | None:

@@ -7,6 +7,13 @@ holds per host. This class only orders the launch (each member must print its "j
 before the next starts), tags every member event with its host, and makes the first death on
 any host the run's death. A host whose link drops is that host lost, not a death: the member's
 Supervisor reconnects and its own rules decide.
+
+Through Slurm (`[slurm] nodes = N`) the run is one job of N nodes: the server's member submits
+it and follows it through the queue (supervise.slurmjob); once allocated, the members are placed
+on its nodes (the head on the first) and launched in the same order, each through the agent the
+job script started on its node; each is watched through a step of the job. A member that dies
+while the job runs on is said with the nodes the job still holds (StepFailed); kill kills every
+member through its step, then cancels the job once.
 """
 
 from __future__ import annotations
@@ -14,21 +21,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tui.core import cluster
+from tui.core import cluster, slurm
+from tui.core.command import new_run_id
 from tui.core.errors import PreflightFailed, RunNotFound, SpecconsoleError
 from tui.core.profile import Profile
 from tui.core.protocol import Killed, RunRecord
 from tui.core.state import Death, Died, LinesAdded
 from tui.core.units import duration
 from tui.remote import launcher
+from tui.remote import slurm as remote_slurm
 from tui.remote.session import open_session
 from tui.supervise.events import Fatal, Notice, RunInfo
 from tui.supervise.history import History
 from tui.supervise.runs import Member, Run, SingleRun
+from tui.supervise.slurmjob import RUN_RECORD_S, JobRun
 from tui.supervise.supervisor import SessionOpener, Supervisor
 
 # how long after a death without a cause another member's death may lend it its cause
@@ -60,6 +70,20 @@ class RunDied:
     death: Death
 
 
+@dataclass(frozen=True, slots=True)
+class StepFailed:
+    """A several-node job's member died while the job runs on: the job still holds the other
+    nodes (and their GPUs) until someone ends it."""
+
+    job_id: str
+    node: str
+    process: str
+    holding: tuple[str, ...]
+
+    def words(self) -> str:
+        return slurm.step_failed_words(self.job_id, self.node, self.process, self.holding)
+
+
 class ClusterRun:
     """Launch, attach, watch, kill and restart every member of a multi-host profile."""
 
@@ -76,9 +100,11 @@ class ClusterRun:
         # the console's view: every host alike (tui.supervise.runs), acted on through this run only
         self.members = [Member(m.host, m.name, self.sups[m.name]) for m in self.parts]
         self.died: RunDied | None = None
+        self.step_failed: StepFailed | None = None
         self.joined: dict[str, float] = {}
         self._queues: list[asyncio.Queue[Any]] = []
         self._pumps: list[asyncio.Task[None]] = []
+        self._side: set[asyncio.Task[None]] = set()
         for m in self.parts:
             self.sups[m.name].hook_allowed = self._hook_gate(m)
         self.kill_grace = 10.0
@@ -103,21 +129,47 @@ class ClusterRun:
     def _watch_members(self) -> None:
         """Forward every member's events from now on (once; needs the running loop)."""
         if not self._pumps:
-            self._pumps = [asyncio.create_task(self._forward(m)) for m in self.parts]
+            self._pumps = [asyncio.create_task(self._forward(m.name)) for m in self.parts]
 
     def _emit(self, event: object) -> None:
         for queue in self._queues:
             queue.put_nowait(event)
 
-    async def _forward(self, m: cluster.Member) -> None:
-        """Every event of one member, tagged; its first death may be the run's."""
-        events = self.sups[m.name].subscribe()
+    async def _forward(self, name: str) -> None:
+        """Every event of one member, tagged with where it runs now (a job's member is placed
+        on its node once the job is allocated); its first death may be the run's."""
+        events = self.sups[name].subscribe()
         while True:
             event = await events.get()
+            m = self.part(name)
             self._emit(MemberEvent(m.name, m.host, event))
             if isinstance(event, Died) and self.died is None:
                 self.died = RunDied(m.name, m.host, event.death)
                 self._emit(self.died)
+                if self.sups[m.name].job is not None and event.death.ended_by is None:
+                    self._spawn(self._step_failed(m.name, event.death))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._side.add(task)
+        task.add_done_callback(self._side.discard)
+
+    async def _step_failed(self, name: str, death: Death) -> None:
+        """A member of a several-node job died: when the scheduler still runs the job, the
+        other nodes are still allocated to it, GPUs and all (StepFailed); when the job has
+        ended, its end is told by the members (supervise.slurmjob)."""
+        sup = self.sups[name]
+        assert sup.job is not None
+        with contextlib.suppress(SpecconsoleError):
+            job = await remote_slurm.show_job(await sup.login_session(), sup.job.job_id)
+            if job is None or job.state != "RUNNING":
+                return
+            node = self.part(name).host
+            holding = tuple(n for n in job.nodes if n != node)
+            if holding:
+                self.step_failed = StepFailed(job.job_id, node, death.process, holding)
+                self._emit(self.step_failed)
+                self._emit(Notice(self.step_failed.words(), "warning"))
 
     def _hook_gate(self, m: cluster.Member) -> Callable[[str], bool]:
         """Alerts are the run's: on_dead once, for the first death on any host; on_ready and
@@ -185,6 +237,13 @@ class ClusterRun:
         if self.server.run is None:
             raise RunNotFound(f"no server run of {self.profile.name} on "
                               f"{self.profile.host.target}")
+        placed = [self.sups[m.name].job for m in self.parts]
+        if self.profile.slurm is not None and all(j is not None and j.node for j in placed):
+            # a several-node job's members, found where their runs recorded their nodes
+            nodes = dict.fromkeys(str(j.node) for j in placed if j is not None)  # head first
+            self.parts = cluster.members(cluster.allocated(self.profile,
+                                                           [(n, n) for n in nodes]))
+            self.members[:] = [Member(m.host, m.name, self.sups[m.name]) for m in self.parts]
         return self.server.run
 
     async def preflight(self, kill_leftovers: bool, grace: float) -> None:
@@ -202,7 +261,9 @@ class ClusterRun:
                 await sup.kill_leftovers(sup.leftovers(), grace)
                 await sup.run_preflight()
             return None
-        refused = [r for r in await asyncio.gather(*(one(m) for m in self.parts)) if r]
+        # a several-node job: the scheduler's answer, once (its nodes are not known yet)
+        asked = [self.part(cluster.SERVER)] if self.profile.slurm is not None else self.parts
+        refused = [r for r in await asyncio.gather(*(one(m) for m in asked)) if r]
         if refused:
             raise PreflightFailed("; ".join(refused))
 
@@ -215,7 +276,10 @@ class ClusterRun:
         if not skip_preflight:
             await self.preflight(kill_leftovers, grace)
         self.died = None
+        self.step_failed = None
         self.joined = {}
+        if self.profile.slurm is not None:
+            await self._allocate()
         for m in self.parts:
             sup = self.sups[m.name]
             queue = sup.subscribe()
@@ -239,6 +303,29 @@ class ClusterRun:
             assert first.run is not None
             return first.run
         return run
+
+    async def _allocate(self) -> None:
+        """A several-node job: submitted by the server's member, which follows it through the
+        queue; once it runs, every member is placed on its node (the head's address is the
+        scheduler's NodeAddr of the first) and told its job."""
+        server = self.server
+        login = await server.login_session()
+        join = self.profile.cluster.join_timeout if self.profile.cluster else 300.0
+        wait_s = join * len(self.parts) + RUN_RECORD_S  # the last member's turn, at the latest
+        run_id = new_run_id(f"{self.profile.name}.job", self.clock())
+        sub, job = await server.slurm.submit_job(
+            remote_slurm.submit_nodes(login, self.profile, run_id, wait_s))
+        known = {n.name: n.address for n in await remote_slurm.node_states(login, job.nodes)}
+        profile = cluster.allocated(self.profile, [(n, known.get(n, n)) for n in job.nodes])
+        self.parts = cluster.members(profile)
+        self.members[:] = [Member(m.host, m.name, self.sups[m.name]) for m in self.parts]
+        for m in self.parts:
+            sup = self.sups[m.name]
+            sup.profile = m.profile
+            if sup.job is None or sup is not server:
+                sup.job = JobRun(job.job_id, sub.script, restarts=job.restarts)
+                sup.job.seen(job, self.clock())
+            sup.job.node, sup.job.job_dir = m.node.job_node, sub.run_dir
 
     async def _join(self, m: cluster.Member, queue: asyncio.Queue[Any]) -> bool:
         """Until the member's joined line (True), its death or the join timeout (False)."""
@@ -268,18 +355,28 @@ class ClusterRun:
         raylets end their actors, which is the kill, not a death."""
         killed: dict[str, Killed] = {}
         ordered = [m for m in reversed(self.parts) if self.sups[m.name].run is not None]
-        if not ordered:
+        job = self.server.job if self.profile.slurm is not None else None
+        if not ordered and (job is None or job.end is not None):
             raise RunNotFound(f"no run of {self.profile.name} to kill")
         for m in ordered:
             self.sups[m.name].mark_killing()
-        first, rest = ordered[0], ordered[1:]
-        killed[first.name] = await self.sups[first.name].kill(grace)
-        results = await asyncio.gather(*(self.sups[m.name].kill(grace) for m in rest),
+        # a several-node job is cancelled once, after every member is killed on its node
+        cancel = job is None
+        first, rest = (ordered[0], ordered[1:]) if ordered else (None, [])
+        if first is not None:
+            killed[first.name] = await self.sups[first.name].kill(grace, cancel)
+        results = await asyncio.gather(*(self.sups[m.name].kill(grace, cancel) for m in rest),
                                        return_exceptions=True)
         for m, result in zip(rest, results, strict=True):
             if isinstance(result, BaseException):
                 raise result
             killed[m.name] = result
+        if job is not None:
+            ended = await self.server.slurm.cancel_job()
+            for m in self.parts:
+                sup = self.sups[m.name]
+                if sup is not self.server and sup.job is not None:
+                    await sup.slurm.job_over(ended)
         return killed
 
     async def restart(self, grace: float = 10.0, skip_preflight: bool = False) -> RunInfo:
@@ -298,6 +395,8 @@ class ClusterRun:
     async def close(self) -> None:
         """Stop watching every host; the servers keep running."""
         await asyncio.gather(*(s.close() for s in self.sups.values()))
+        for task in self._side:
+            task.cancel()
         for pump in self._pumps:
             pump.cancel()
         for pump in self._pumps:

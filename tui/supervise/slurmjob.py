@@ -1,24 +1,52 @@
-"""A run launched as a Slurm job, as the supervisor follows it: the job's id, node and end,
-and the preflight of a job (the scheduler's own answer to sbatch --test-only). Its events
-(queued, allocated, nearing its time limit, ended) are in tui.supervise.events.
+"""A run launched as a Slurm job, as the supervisor follows it: the job's id, node and end
+(JobRun), the preflight of a job (the scheduler's own answer to sbatch --test-only), and the
+following itself (JobFollow): the submission, the queue and the allocation, the running job
+polled (its time left and the alert before its limit, its end and the verdict), a death in the
+job told as the scheduler's doing when it is, the kill through a step then scancel, and a job
+someone else submitted attached to. Its events (queued, allocated, nearing its time limit,
+ended) are in tui.supervise.events.
 
-The supervisor (supervise.supervisor) drives it; the commands are tui.remote.slurm's.
+The supervisor (supervise.supervisor) calls JobFollow where a job's run differs from a bare
+run; JobFollow sets the run's fields on it (job, session, run) and speaks through its events.
+The commands are tui.remote.slurm's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from tui.core import slurm
-from tui.core.command import secret_checks
-from tui.core.profile import Profile
-from tui.core.protocol import Check
+from tui.core.command import secret_checks, served_by
+from tui.core.errors import JobNeverStarts, RunNotFound, SpecconsoleError
+from tui.core.profile import Profile, SlurmConfig
+from tui.core.protocol import Check, Killed, RunRecord
 from tui.core.specconfig import speculative_checks
+from tui.core.state import Died
+from tui.remote import launcher
 from tui.remote import slurm as remote_slurm
 from tui.remote.interface import Session
+from tui.supervise.events import (
+    JobAllocated,
+    JobEnded,
+    JobEnding,
+    JobQueued,
+    JobSubmitted,
+    KillDone,
+    KillProgress,
+    Notice,
+    RunInfo,
+)
+
+if TYPE_CHECKING:
+    from tui.supervise.supervisor import Supervisor
 
 JOB_POLL_S = 2.0  # how often a running job is asked after (scontrol show job)
+RUN_RECORD_S = 120.0  # a job's run: from the allocation to the agent's launch in the job
 
 
 @dataclass(slots=True)
@@ -34,6 +62,9 @@ class JobRun:
     end: slurm.SchedulerEnd | None = None
     alerted: bool = False  # the time-left alert was given
     clock: slurm.JobClock | None = None  # its time limit and end, on the supervisor's clock
+    # a member of a several-node job (supervise.group): the job's directory, where the
+    # member's launch is asked of the agent waiting on its node
+    job_dir: str | None = None
 
     def seen(self, job: slurm.Job, now: float) -> None:
         """The job's latest record, asked at `now` (the supervisor's clock)."""
@@ -57,3 +88,308 @@ async def job_checks(session: Session, profile: Profile) -> tuple[Check, ...]:
     answer = await remote_slurm.test_only(session, profile)
     check = Check("slurm", answer.ok, "info" if answer.ok else "error", answer.summary())
     return (check, *speculative_checks(profile), *secret_checks(profile))
+
+
+class JobFollow:
+    """The Slurm half of a Supervisor: what its run does differently as a job."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+
+    async def launch_job(self, skip_preflight: bool) -> RunInfo:
+        """A [slurm] profile: the scheduler's preflight (sbatch --test-only), the job script
+        written into the run directory and submitted from the login node, the queue followed
+        (JobQueued: the scheduler's reason, never a stall) until the job runs; then the agent
+        reaches its node as a step of the job, and the run is watched as any other. A member
+        of a several-node job already running: its launch asked of its node's agent."""
+        sup = self.sup
+        if sup.job is not None and sup.job.job_dir is not None:
+            return await self.launch_member()
+        login = await sup.login_session()
+        if not skip_preflight and sup.profile.preflight.enabled:
+            await sup.run_preflight()
+        plan = launcher.plan_launch(sup.profile, sup.environ, sup.clock())
+        _, job = await self.submit_job(remote_slurm.submit(login, sup.profile, plan))
+        sup.session = remote_slurm.StepSession(login, job.job_id, str(job.node))
+        return await self.started(plan)
+
+    async def launch_member(self) -> RunInfo:
+        """A member of a several-node job (its JobRun set by supervise.group once the job has
+        its nodes): its run directory made and its launch written for the agent waiting on
+        its node (remote slurm.request_launch), then followed as a job's run."""
+        sup = self.sup
+        assert sup.job is not None and sup.job.job_dir is not None and sup.job.node is not None
+        login = await sup.login_session()
+        plan = launcher.plan_launch(sup.profile, sup.environ, sup.clock())
+        await remote_slurm.request_launch(login, sup.profile, plan, sup.job.job_dir,
+                                          sup.job.job_id, sup.job.node)
+        sup.session = remote_slurm.StepSession(login, sup.job.job_id, sup.job.node)
+        return await self.started(plan)
+
+    async def submit_job(self, submitting: Awaitable[remote_slurm.Submitted]
+                         ) -> tuple[remote_slurm.Submitted, slurm.Job]:
+        """Submit (`submitting`: the sbatch of a job script) and follow the job through the
+        queue to its allocation: the submission, the queued phase, the allocation on this
+        supervisor's events; the job as it started running."""
+        sup = self.sup
+        login = await sup.login_session()
+        submitted_at = sup.clock()
+        sub = await submitting
+        sup.job = JobRun(sub.job_id, sub.script)
+        sup._emit([JobSubmitted(sub.job_id, sub.script),
+                   Notice(f"submitted job {sub.job_id} ({sub.script})")])
+
+        def queued(line: slurm.Queued) -> None:
+            """The queue is the timeline's first phase (its PhaseChanged says the reason); a
+            reason that cannot change by itself ends the wait (JobNeverStarts)."""
+            sup._emit([JobQueued(sub.job_id, line),
+                       *sup.machine.queued(slurm.queue_detail(line), sup.clock())])
+            if slurm.never_starts(line.reason):
+                raise JobNeverStarts(f"job {sub.job_id} can never start as it is "
+                                     f"({slurm.pending_words(line.reason)})")
+
+        try:
+            job = await remote_slurm.wait_started(login, sub.job_id, queued)
+        except JobNeverStarts as exc:
+            ended = await remote_slurm.cancel(login, sub.job_id)
+            sup.job.end = slurm.SchedulerEnd(ended.state if ended else "CANCELLED",
+                                             sub.job_id, None, None, None, None, str(exc))
+            raise JobNeverStarts(f"{exc}: cancelled it (scancel {sub.job_id}); see "
+                                 f"{sub.script}") from None
+        end = slurm.scheduler_end(job)
+        if end is not None:
+            sup.job.end = end
+            raise SpecconsoleError(f"job {sub.job_id} ended before it ran: {end.words()}")
+        sup.job.node, sup.job.restarts = job.node, job.restarts
+        sup.job.seen(job, sup.clock())
+        allocated = JobAllocated(job, sup.clock() - submitted_at)
+        sup.job.queued_s = allocated.waited_s
+        sup.machine.allocated(allocated.words(), sup.clock())
+        sup._emit([allocated, Notice(allocated.words())])
+        return sub, job
+
+    async def started(self, plan: launcher.LaunchPlan) -> RunInfo:
+        """The run, once the agent in the job has launched its server on the node: watched."""
+        sup = self.sup
+        record = await self.job_record(plan.run_id)
+        now = sup.clock()
+        sup.run = RunInfo(record.run_id, record.run_dir, int(record.pid or 0), now,
+                          attached=False, served=served_by(sup.profile))
+        sup._remember_launch(plan, now)
+        sup._begin(now)
+        return sup.run
+
+    async def job_record(self, run_id: str) -> RunRecord:
+        """The run as the agent on the job's node sees it, once the job script's agent has
+        launched the server there."""
+        sup = self.sup
+        assert sup.job is not None and sup.login is not None
+        deadline = sup.clock() + RUN_RECORD_S
+        while True:
+            for record in await launcher.list_runs(await sup.connect(), sup.profile):
+                if record.run_id == run_id and record.pid is not None:
+                    return record
+            job = await remote_slurm.show_job(sup.login, sup.job.job_id)
+            end = slurm.scheduler_end(job) if job is not None else None
+            if job is None or end is not None:
+                words = end.words() if end is not None else "forgotten by the scheduler"
+                raise SpecconsoleError(f"job {sup.job.job_id} ended before its server "
+                                       f"started: {words} (see {sup.job.script} and its "
+                                       "slurm-*.out beside it)")
+            if sup.clock() > deadline:
+                raise SpecconsoleError(f"job {sup.job.job_id} runs on {sup.job.node} but its "
+                                       f"server was not started within {RUN_RECORD_S:.0f} s "
+                                       "(see the slurm-*.out in the run directory)")
+            await asyncio.sleep(0.5)
+
+    async def find_job(self, record: RunRecord) -> JobRun:
+        """The job of a run found on the login node (its run directory's record): the
+        session reaches its node as a step while it runs; a run that was never a job, or a
+        job the scheduler has forgotten, is said in one line."""
+        sup = self.sup
+        login = await sup.login_session()
+        job_id = await remote_slurm.job_of(login, sup.profile, record.run_dir)
+        if job_id is None:
+            raise RunNotFound(f"run {record.run_id} of {sup.profile.key} records no Slurm job "
+                              f"({record.run_dir})")
+        job = await remote_slurm.show_job(login, job_id)
+        node = await remote_slurm.node_of(login, sup.profile, record.run_dir)  # several nodes
+        found = JobRun(job_id, f"{record.run_dir}/{slurm.JOB_SCRIPT}",
+                       node or (job.node if job is not None else None),
+                       job.restarts if job is not None else 0)
+        if job is not None:
+            found.seen(job, sup.clock())
+        found.end = found.end_of(job)
+        if found.end is None and job is not None and job.state != "RUNNING":
+            found.end = slurm.SchedulerEnd(job.state, job_id, job.node, None, None, None,
+                                           job.reason)
+        sup.job = found
+        if found.end is None and found.node is not None:
+            sup.session = remote_slurm.StepSession(login, job_id, found.node)
+        return found
+
+    async def attach_job(self, job_id: str) -> str:
+        """A running job someone else submitted (`attach --slurm-job J`): the session reaches
+        its node as a step of it, and its server's top process there is the pid attached to
+        (remote slurm.job_server); the job is followed as a launched one's (its time, its
+        end). Whose it is, for the confirmation before a kill: `job J of user U on NODE: `."""
+        sup = self.sup
+        assert sup.profile.attach is not None
+        login = await sup.login_session()
+        job = await remote_slurm.show_job(login, job_id)
+        if job is None:
+            raise RunNotFound(f"no job {job_id} in the scheduler (ended and forgotten, or never)")
+        if job.state != "RUNNING" or job.node is None:
+            why = f" ({slurm.pending_words(job.reason)})" if job.pending else ""
+            raise RunNotFound(f"job {job_id} is {job.state}{why}: no server runs in it to "
+                              "attach to")
+        sup.job = JobRun(job_id, None, job.node, job.restarts)
+        sup.job.seen(job, sup.clock())
+        sup.session = remote_slurm.StepSession(login, job_id, job.node)
+        found = await remote_slurm.job_server(sup.session, sup.profile, job_id)
+        if found is None:
+            raise RunNotFound(f"job {job_id} on {job.node} runs no process but its script's "
+                              "shell: no server to attach to")
+        sup.profile = replace(sup.profile, attach=replace(sup.profile.attach, pid=found.pid))
+        return f"job {job_id} of user {job.user or '?'} on {job.node}: "
+
+    async def job_loop(self) -> None:
+        """Ask the scheduler after the running job: the time left (one alert at the
+        profile's alert_before), and its end (job_over)."""
+        sup = self.sup
+        assert sup.job is not None
+        # an attached job (`attach --slurm-job`) has no [slurm] table: the default alert time
+        alert_before = (sup.profile.slurm or SlurmConfig()).alert_before
+        while sup.job.end is None:
+            await asyncio.sleep(JOB_POLL_S)
+            try:
+                job = await remote_slurm.show_job(await sup.login_session(), sup.job.job_id)
+            except SpecconsoleError:
+                continue  # the login node's link: the watch loop says so
+            if sup.job.end_of(job) is not None:
+                await self.job_over(job)
+                return
+            assert job is not None
+            sup.job.seen(job, sup.clock())
+            left = job.time_left_s(datetime.now())
+            if (left is not None and left <= alert_before
+                    and not sup.job.alerted):
+                sup.job.alerted = True
+                sup._emit([JobEnding(job.job_id, left)])  # the bell, tmux, on_ending, wait
+
+    async def job_gone(self) -> bool:
+        """The watch of a job's run ended: True when the job is over (its steps end with it,
+        so this is its end, told by job_over, not a lost link)."""
+        sup = self.sup
+        assert sup.job is not None
+        try:
+            job = await remote_slurm.show_job(await sup.login_session(), sup.job.job_id)
+        except SpecconsoleError:
+            return False
+        if sup.job.end_of(job) is None:
+            return False
+        await self.job_over(job)
+        return True
+
+    async def job_over(self, job: slurm.Job | None) -> None:
+        """The job has ended: its node is no longer reachable (the watch stops), and the
+        scheduler's end is the verdict where it ended the run itself (a time limit, scancel,
+        a preemption, a node's failure): a death then is its doing, never a crash."""
+        sup = self.sup
+        assert sup.job is not None
+        if sup.job.end is not None:
+            return
+        end = await self.named(sup.job.end_of(job))
+        if end is None or sup.job.end is not None:
+            return
+        sup.job.end, sup.job.job = end, job or sup.job.job
+        for task in sup._tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        if isinstance(sup.session, remote_slurm.StepSession):
+            sup.session = sup.login  # the job's steps are over
+        now = sup.clock()
+        ready_for = now - sup._ready_at if sup._ready_at is not None else None
+        death = sup.machine.death
+        ended_at = (job.end_time.timestamp() if job is not None and job.end_time is not None
+                    and job.ended else now)
+        if end.schedulers_doing and (death is None or death.at >= ended_at - 2.0):
+            sup._emit(sup.machine.ended_by_scheduler(end.words(ready_for), now))
+            death = sup.machine.death
+        first = (slurm.FirstDeath(death.process, death.at)
+                 if death is not None and death.ended_by is None else None)
+        verdict = slurm.end_verdict(end, first, ended_at, ready_for)
+        sup._emit([JobEnded(end, verdict), Notice(f"job {sup.job.job_id}: {verdict}")])
+
+    async def died_in_job(self, events: list[Any]) -> None:
+        """A death in a job's run: the scheduler is asked first whether it ended the job (its
+        state then is already TIMEOUT, CANCELLED, ...), so that the death is told as its doing
+        from the start."""
+        sup = self.sup
+        assert sup.job is not None
+        with contextlib.suppress(SpecconsoleError, asyncio.TimeoutError):
+            job = await asyncio.wait_for(
+                remote_slurm.show_job(await sup.login_session(), sup.job.job_id), 5.0)
+            end = await self.named(sup.job.end_of(job))
+            death = sup.machine.death
+            if end is not None and end.schedulers_doing and death is not None:
+                ready_for = (death.at - sup._ready_at) if sup._ready_at is not None else None
+                sup.machine.death = replace(death, ended_by=end.words(ready_for))
+                events = [Died(sup.machine.death) if isinstance(e, Died) else e
+                          for e in events]
+        sup._emit(events)
+
+    async def named(self, end: slurm.SchedulerEnd | None) -> slurm.SchedulerEnd | None:
+        """A several-node job lost to a node's failure: the node the scheduler lost (sinfo:
+        not responding, or down), not the job's first."""
+        if end is None or end.state != "NODE_FAIL" or len(end.nodes) < 2:
+            return end
+        with contextlib.suppress(SpecconsoleError):
+            states = await remote_slurm.node_states(await self.sup.login_session(), end.nodes)
+            lost = [n.name for n in states if n.lost]
+            if lost:
+                return replace(end, node=", ".join(lost))
+        return end
+
+    async def kill_job(self, grace: float, cancel: bool = True) -> Killed:
+        """A job's run: the agent on its node kills and verifies as on any host (no process of
+        the run left, GPU memory released), then scancel, verified by the job leaving the
+        queue (`cancel`; a several-node job's members are cancelled together once each is
+        killed: supervise.group). A job already over is refused in one line: its node can no
+        longer be reached as a step of it, so nothing could be verified there."""
+        sup = self.sup
+        assert sup.job is not None and sup.run is not None
+        job_id = sup.job.job_id
+        if sup.job.script is None:  # attached (`attach --slurm-job`): someone else's script
+            raise SpecconsoleError(
+                f"job {job_id} runs someone else's script: its server's end ends the job, and "
+                "the kill's verification with it, so it is not killed through a step; end it "
+                f"with `scancel {job_id}` (the scheduler's own kill)")
+        if sup.job.end is not None:
+            await remote_slurm.cancel(await sup.login_session(), job_id)
+            raise SpecconsoleError(
+                f"job {job_id} is over ({sup.job.end.state}): nothing to kill through it, "
+                f"and its node {sup.job.node or '?'} cannot be reached as a step of it to "
+                "check for leftovers of the run")
+        sup.mark_killing()
+        await remote_slurm.hold_for_kill(await sup.login_session(), sup.profile,
+                                         sup.run.run_dir)
+        steps, killed = await launcher.kill(
+            await sup.connect(), sup.profile, sup.run.run_dir, grace,
+            on_step=lambda step: sup._emit([KillProgress(step)]))
+        sup.last_kill_steps = steps
+        if cancel:
+            await self.cancel_job()
+        sup._emit([KillDone(killed), *sup.machine.stopped(sup.clock())])
+        return killed
+
+    async def cancel_job(self) -> slurm.Job | None:
+        """scancel the job and wait until it has left the queue; then it is over here."""
+        sup = self.sup
+        assert sup.job is not None
+        job_id = sup.job.job_id
+        job = await remote_slurm.cancel(await sup.login_session(), job_id)
+        sup._emit([Notice(f"job {job_id} has left the queue ("
+                          f"{job.state if job is not None else 'forgotten'})")])
+        await self.job_over(job)
+        return job

@@ -16,13 +16,10 @@ import os
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import replace
-from datetime import datetime
 from itertools import accumulate, repeat
 from operator import add
 from typing import Any
 
-from tui.core import slurm
 from tui.core.acceptance import parse_totals
 from tui.core.attach import attached_words
 from tui.core.command import known_secrets, redact, served_by, served_changes, shell_join
@@ -30,7 +27,6 @@ from tui.core.describe import disk_words, gpu_verdict
 from tui.core.errors import (
     ConnectionLost,
     HostUnreachable,
-    JobNeverStarts,
     PreflightFailed,
     RunNotFound,
     SessionError,
@@ -41,7 +37,7 @@ from tui.core.logline import strip_escapes
 from tui.core.logwindow import Entry, entries
 from tui.core.noise import NoiseFilter, builtin_rules, rule_from_pattern
 from tui.core.phases import Phase
-from tui.core.profile import Profile, SlurmConfig
+from tui.core.profile import Profile
 from tui.core.protocol import (
     AgentFault,
     Check,
@@ -88,11 +84,8 @@ from tui.supervise.events import (
     Fatal,
     GpusSeen,
     HistoryLoaded,
-    JobAllocated,
     JobEnded,
     JobEnding,
-    JobQueued,
-    JobSubmitted,
     KillDone,
     KillProgress,
     LinkLost,
@@ -110,7 +103,7 @@ from tui.supervise.events import (
 )
 from tui.supervise.history import History, Launch
 from tui.supervise.hooks import hook_env, run_hook
-from tui.supervise.slurmjob import JOB_POLL_S, JobRun, job_checks
+from tui.supervise.slurmjob import JobFollow, JobRun, job_checks
 
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 10.0
@@ -122,7 +115,6 @@ METRICS_PATH = "/metrics"
 SKIM_HEAD = 4 << 20
 SKIM_TAIL = 8 << 20
 CAUSE_GRACE_S = 0.5  # after a death, how long late log lines may sharpen the cause
-RUN_RECORD_S = 120.0  # a job's run: from the allocation to the agent's launch in the job
 
 
 SessionOpener = Callable[[Any], Awaitable[Session]]
@@ -186,6 +178,7 @@ class Supervisor:
         self.job: JobRun | None = None
         self.login: Session | None = None
         self._ready_at: float | None = None
+        self.slurm = JobFollow(self)  # what a job's run does differently
 
     @property
     def served(self) -> Served:
@@ -475,7 +468,7 @@ class Supervisor:
             raise SpecconsoleError(f"{self.profile.name} was not launched by specconsole: it "
                                    "is not relaunched here (its owner starts it again)")
         if self.profile.slurm is not None:
-            return await self._launch_job(skip_preflight)
+            return await self.slurm.launch_job(skip_preflight)
         session = await self.connect()
         if not skip_preflight and self.profile.preflight.enabled:
             try:
@@ -494,195 +487,12 @@ class Supervisor:
         self._begin(now)
         return self.run
 
-    async def _launch_job(self, skip_preflight: bool) -> RunInfo:
-        """A [slurm] profile: the scheduler's preflight (sbatch --test-only), the job script
-        written into the run directory and submitted from the login node, the queue followed
-        (JobQueued: the scheduler's reason, never a stall) until the job runs; then the agent
-        reaches its node as a step of the job, and the run is watched as any other."""
-        login = await self.login_session()
-        if not skip_preflight and self.profile.preflight.enabled:
-            await self.run_preflight()
-        plan = launcher.plan_launch(self.profile, self.environ, self.clock())
-        submitted_at = self.clock()
-        sub = await remote_slurm.submit(login, self.profile, plan)
-        self.job = JobRun(sub.job_id, sub.script)
-        self._emit([JobSubmitted(sub.job_id, sub.script),
-                    Notice(f"submitted job {sub.job_id} ({sub.script})")])
 
-        def queued(line: slurm.Queued) -> None:
-            """The queue is the timeline's first phase (its PhaseChanged says the reason); a
-            reason that cannot change by itself ends the wait (JobNeverStarts)."""
-            self._emit([JobQueued(sub.job_id, line),
-                        *self.machine.queued(slurm.queue_detail(line), self.clock())])
-            if slurm.never_starts(line.reason):
-                raise JobNeverStarts(f"job {sub.job_id} can never start as it is "
-                                     f"({slurm.pending_words(line.reason)})")
 
-        try:
-            job = await remote_slurm.wait_started(login, sub.job_id, queued)
-        except JobNeverStarts as exc:
-            ended = await remote_slurm.cancel(login, sub.job_id)
-            self.job.end = slurm.SchedulerEnd(ended.state if ended else "CANCELLED",
-                                              sub.job_id, None, None, None, None, str(exc))
-            raise JobNeverStarts(f"{exc}: cancelled it (scancel {sub.job_id}); see "
-                                 f"{sub.script}") from None
-        end = slurm.scheduler_end(job)
-        if end is not None:
-            self.job.end = end
-            raise SpecconsoleError(f"job {sub.job_id} ended before it ran: {end.words()}")
-        self.job.node, self.job.restarts = job.node, job.restarts
-        self.job.seen(job, self.clock())
-        allocated = JobAllocated(job, self.clock() - submitted_at)
-        self.job.queued_s = allocated.waited_s
-        self.machine.allocated(allocated.words(), self.clock())
-        self._emit([allocated, Notice(allocated.words())])
-        self.session = remote_slurm.StepSession(login, sub.job_id, str(job.node))
-        record = await self._job_record(plan.run_id)
-        now = self.clock()
-        self.run = RunInfo(record.run_id, record.run_dir, int(record.pid or 0), now,
-                           attached=False, served=served_by(self.profile))
-        self._remember_launch(plan, now)
-        self._begin(now)
-        return self.run
 
-    async def _find_job(self, record: RunRecord) -> JobRun:
-        """The job of a run found on the login node (its run directory's record): the
-        session reaches its node as a step while it runs; a run that was never a job, or a
-        job the scheduler has forgotten, is said in one line."""
-        login = await self.login_session()
-        job_id = await remote_slurm.job_of(login, self.profile, record.run_dir)
-        if job_id is None:
-            raise RunNotFound(f"run {record.run_id} of {self.profile.key} records no Slurm job "
-                              f"({record.run_dir})")
-        job = await remote_slurm.show_job(login, job_id)
-        found = JobRun(job_id, f"{record.run_dir}/{slurm.JOB_SCRIPT}",
-                       job.node if job is not None else None,
-                       job.restarts if job is not None else 0)
-        if job is not None:
-            found.seen(job, self.clock())
-        found.end = found.end_of(job)
-        if found.end is None and job is not None and job.state != "RUNNING":
-            found.end = slurm.SchedulerEnd(job.state, job_id, job.node, None, None, None,
-                                           job.reason)
-        self.job = found
-        if found.end is None and found.node is not None:
-            self.session = remote_slurm.StepSession(login, job_id, found.node)
-        return found
 
-    async def _attach_job(self, job_id: str) -> str:
-        """A running job someone else submitted (`attach --slurm-job J`): the session reaches
-        its node as a step of it, and its server's top process there is the pid attached to
-        (remote slurm.job_server); the job is followed as a launched one's (its time, its
-        end). Whose it is, for the confirmation before a kill: `job J of user U on NODE: `."""
-        assert self.profile.attach is not None
-        login = await self.login_session()
-        job = await remote_slurm.show_job(login, job_id)
-        if job is None:
-            raise RunNotFound(f"no job {job_id} in the scheduler (ended and forgotten, or never)")
-        if job.state != "RUNNING" or job.node is None:
-            why = f" ({slurm.pending_words(job.reason)})" if job.pending else ""
-            raise RunNotFound(f"job {job_id} is {job.state}{why}: no server runs in it to "
-                              "attach to")
-        self.job = JobRun(job_id, None, job.node, job.restarts)
-        self.job.seen(job, self.clock())
-        self.session = remote_slurm.StepSession(login, job_id, job.node)
-        found = await remote_slurm.job_server(self.session, self.profile, job_id)
-        if found is None:
-            raise RunNotFound(f"job {job_id} on {job.node} runs no process but its script's "
-                              "shell: no server to attach to")
-        self.profile = replace(self.profile, attach=replace(self.profile.attach, pid=found.pid))
-        return f"job {job_id} of user {job.user or '?'} on {job.node}: "
 
-    async def _job_record(self, run_id: str) -> RunRecord:
-        """The run as the agent on the job's node sees it, once the job script's agent has
-        launched the server there."""
-        assert self.job is not None and self.login is not None
-        deadline = self.clock() + RUN_RECORD_S
-        while True:
-            for record in await launcher.list_runs(await self.connect(), self.profile):
-                if record.run_id == run_id and record.pid is not None:
-                    return record
-            job = await remote_slurm.show_job(self.login, self.job.job_id)
-            end = slurm.scheduler_end(job) if job is not None else None
-            if job is None or end is not None:
-                words = end.words() if end is not None else "forgotten by the scheduler"
-                raise SpecconsoleError(f"job {self.job.job_id} ended before its server "
-                                       f"started: {words} (see {self.job.script} and its "
-                                       "slurm-*.out beside it)")
-            if self.clock() > deadline:
-                raise SpecconsoleError(f"job {self.job.job_id} runs on {self.job.node} but its "
-                                       f"server was not started within {RUN_RECORD_S:.0f} s "
-                                       "(see the slurm-*.out in the run directory)")
-            await asyncio.sleep(0.5)
 
-    async def _job_loop(self) -> None:
-        """Ask the scheduler after the running job: the time left (one alert at the
-        profile's alert_before), and its end (_job_over)."""
-        assert self.job is not None
-        # an attached job (`attach --slurm-job`) has no [slurm] table: the default alert time
-        alert_before = (self.profile.slurm or SlurmConfig()).alert_before
-        while self.job.end is None:
-            await asyncio.sleep(JOB_POLL_S)
-            try:
-                job = await remote_slurm.show_job(await self.login_session(), self.job.job_id)
-            except SpecconsoleError:
-                continue  # the login node's link: the watch loop says so
-            if self.job.end_of(job) is not None:
-                await self._job_over(job)
-                return
-            assert job is not None
-            self.job.seen(job, self.clock())
-            left = job.time_left_s(datetime.now())
-            if (left is not None and left <= alert_before
-                    and not self.job.alerted):
-                self.job.alerted = True
-                self._emit([JobEnding(job.job_id, left)])  # the bell, tmux, on_ending, wait
-
-    async def _job_over(self, job: slurm.Job | None) -> None:
-        """The job has ended: its node is no longer reachable (the watch stops), and the
-        scheduler's end is the verdict where it ended the run itself (a time limit, scancel,
-        a preemption, a node's failure): a death then is its doing, never a crash."""
-        assert self.job is not None
-        if self.job.end is not None:
-            return
-        end = self.job.end_of(job)
-        if end is None:
-            return
-        self.job.end, self.job.job = end, job or self.job.job
-        for task in self._tasks:
-            if task is not asyncio.current_task():
-                task.cancel()
-        if isinstance(self.session, remote_slurm.StepSession):
-            self.session = self.login  # the job's steps are over
-        now = self.clock()
-        ready_for = now - self._ready_at if self._ready_at is not None else None
-        death = self.machine.death
-        ended_at = (job.end_time.timestamp() if job is not None and job.end_time is not None
-                    and job.ended else now)
-        if end.schedulers_doing and (death is None or death.at >= ended_at - 2.0):
-            self._emit(self.machine.ended_by_scheduler(end.words(ready_for), now))
-            death = self.machine.death
-        first = (slurm.FirstDeath(death.process, death.at)
-                 if death is not None and death.ended_by is None else None)
-        verdict = slurm.end_verdict(end, first, ended_at, ready_for)
-        self._emit([JobEnded(end, verdict), Notice(f"job {self.job.job_id}: {verdict}")])
-
-    async def _died_in_job(self, events: list[Any]) -> None:
-        """A death in a job's run: the scheduler is asked first whether it ended the job (its
-        state then is already TIMEOUT, CANCELLED, ...), so that the death is told as its doing
-        from the start."""
-        assert self.job is not None
-        with contextlib.suppress(SpecconsoleError, asyncio.TimeoutError):
-            job = await asyncio.wait_for(
-                remote_slurm.show_job(await self.login_session(), self.job.job_id), 5.0)
-            end = self.job.end_of(job)
-            death = self.machine.death
-            if end is not None and end.schedulers_doing and death is not None:
-                ready_for = (death.at - self._ready_at) if self._ready_at is not None else None
-                self.machine.death = replace(death, ended_by=end.words(ready_for))
-                events = [Died(self.machine.death) if isinstance(e, Died) else e
-                          for e in events]
-        self._emit(events)
 
     def _remember_launch(self, plan: launcher.LaunchPlan, now: float) -> None:
         if self.history is None or self._history_failed:
@@ -708,13 +518,13 @@ class Supervisor:
         whose = ""
         if record is None and self.profile.attach is not None:  # made (or found) by the agent
             if self.profile.attach.slurm_job is not None:
-                whose = await self._attach_job(self.profile.attach.slurm_job)
+                whose = await self.slurm.attach_job(self.profile.attach.slurm_job)
             record = await launcher.attach(await self.connect(), self.profile, self.clock())
         record = record or await launcher.latest_run(await self.connect(), self.profile)
         if record is None or record.pid is None:
             raise RunNotFound(f"no run of {self.profile.key} on {self.profile.host.target}")
         if self.profile.slurm is not None:
-            await self._find_job(record)
+            await self.slurm.find_job(record)
         started = record.started if record.started is not None else self.clock()
         self.run = RunInfo(record.run_id, record.run_dir, record.pid, started, attached=True,
                            served=record.served, owner=None if record.attached is None
@@ -744,7 +554,7 @@ class Supervisor:
         latest = await launcher.latest_run(await self.connect(), self.profile)
         if latest is not None and self.profile.slurm is not None:
             # a job's run lives on its node: the scheduler says whether it still runs
-            job = await self._find_job(latest)
+            job = await self.slurm.find_job(latest)
             if job.end is None:
                 return await self.attach(latest)
         elif latest is not None and latest.alive:
@@ -775,8 +585,8 @@ class Supervisor:
                 self._emit([HistoryLoaded(previous, self.usual)])
         self._tasks = [asyncio.create_task(self._watch_loop()),
                        asyncio.create_task(self._tick_loop())]
-        if self.job is not None:
-            self._tasks.append(asyncio.create_task(self._job_loop()))
+        if self.job is not None and self.serves:  # one member asks after a several-node job
+            self._tasks.append(asyncio.create_task(self.slurm.job_loop()))
 
     async def close(self) -> None:
         """Stop watching and drop the session; the server keeps running. Hooks already started
@@ -838,25 +648,13 @@ class Supervisor:
                 return
             if self._closing:
                 return
-            if self.job is not None and await self._job_gone():
+            if self.job is not None and await self.slurm.job_gone():
                 return
             self._emit([LinkLost(self.profile.host.target, reason, backoff)])
             await self._drop_session()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
-    async def _job_gone(self) -> bool:
-        """The watch of a job's run ended: True when the job is over (its steps end with it,
-        so this is its end, told by _job_over, not a lost link)."""
-        assert self.job is not None
-        try:
-            job = await remote_slurm.show_job(await self.login_session(), self.job.job_id)
-        except SpecconsoleError:
-            return False
-        if self.job.end_of(job) is None:
-            return False
-        await self._job_over(job)
-        return True
 
     async def _drop_session(self) -> None:
         if self.session is not None:
@@ -917,9 +715,9 @@ class Supervisor:
             self._emit([Notice(*disk_words(self.profile.host.target, event))])
 
     def _emit_death(self, events: list[Any]) -> None:
-        """A job's death waits for the scheduler's word on it (_died_in_job)."""
+        """A job's death waits for the scheduler's word on it (JobFollow.died_in_job)."""
         if self.job is not None and any(isinstance(e, Died) for e in events):
-            self._spawn(self._died_in_job(events))
+            self._spawn(self.slurm.died_in_job(events))
         else:
             self._emit(events)
 
@@ -964,12 +762,14 @@ class Supervisor:
 
     # -- control -----------------------------------------------------------------------------
 
-    async def kill(self, grace: float = 10.0) -> Killed:
-        """TERM the group, KILL after the grace, sweep by run id; report what remains."""
+    async def kill(self, grace: float = 10.0, cancel_job: bool = True) -> Killed:
+        """TERM the group, KILL after the grace, sweep by run id; report what remains. A job's
+        run: then scancel (unless `cancel_job` is False: a several-node job's members are
+        cancelled together, supervise.group)."""
         if self.run is None:
             raise RunNotFound(f"no run of {self.profile.key} to kill")
         if self.job is not None:
-            return await self._kill_job(grace)
+            return await self.slurm.kill_job(grace, cancel_job)
         self.mark_killing()
         steps, killed = await launcher.kill(
             await self.connect(), self.profile, self.run.run_dir, grace,
@@ -978,37 +778,6 @@ class Supervisor:
         self._emit([KillDone(killed), *self.machine.stopped(self.clock())])
         return killed
 
-    async def _kill_job(self, grace: float) -> Killed:
-        """A job's run: the agent on its node kills and verifies as on any host (no process of
-        the run left, GPU memory released), then scancel, verified by the job leaving the
-        queue. A job already over is refused in one line: its node can no longer be reached
-        as a step of it, so nothing could be verified there."""
-        assert self.job is not None and self.run is not None
-        job_id = self.job.job_id
-        if self.job.script is None:  # attached (`attach --slurm-job`): someone else's script
-            raise SpecconsoleError(
-                f"job {job_id} runs someone else's script: its server's end ends the job, and "
-                "the kill's verification with it, so it is not killed through a step; end it "
-                f"with `scancel {job_id}` (the scheduler's own kill)")
-        if self.job.end is not None:
-            await remote_slurm.cancel(await self.login_session(), job_id)
-            raise SpecconsoleError(
-                f"job {job_id} is over ({self.job.end.state}): nothing to kill through it, "
-                f"and its node {self.job.node or '?'} cannot be reached as a step of it to "
-                "check for leftovers of the run")
-        self.mark_killing()
-        await remote_slurm.hold_for_kill(await self.login_session(), self.profile,
-                                         self.run.run_dir)
-        steps, killed = await launcher.kill(
-            await self.connect(), self.profile, self.run.run_dir, grace,
-            on_step=lambda step: self._emit([KillProgress(step)]))
-        self.last_kill_steps = steps
-        job = await remote_slurm.cancel(await self.login_session(), job_id)
-        self._emit([Notice(f"job {job_id} has left the queue ("
-                           f"{job.state if job is not None else 'forgotten'})")])
-        await self._job_over(job)
-        self._emit([KillDone(killed), *self.machine.stopped(self.clock())])
-        return killed
 
     def mark_killing(self) -> None:
         """From now on the run's processes ending is our kill, not a death (a cluster marks

@@ -49,10 +49,18 @@ class NodeConfig:
     role: str
     host: HostConfig
     address: str | None = None  # None: host.target
+    # a node of a Slurm job (tui.core.cluster.allocated): its name; `host` is then the login
+    # node, through which it is reached as a step of the job
+    job_node: str | None = None
 
     @property
     def reached_at(self) -> str:
         return self.address or self.host.target
+
+    @property
+    def where(self) -> str:
+        """The host the member runs on, in words: the Slurm node's name, else the target."""
+        return self.job_node or self.host.target
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +85,12 @@ def _check_hosts(values: dict[str, Any]) -> None:
     if nodes is None:
         if "host" not in values:
             raise _Invalid("missing required table 'host' (or [[hosts]] for several)", ".host")
-        if "cluster" in values:
+        job_nodes = getattr(values.get("slurm"), "nodes", 1)  # the scheduler picks them
+        if "cluster" in values and job_nodes == 1 and "slurm" not in values:
             raise _Invalid("[cluster] needs several hosts: write them as [[hosts]] tables "
                            "with a role each", ".cluster")
+        if job_nodes > 1:
+            _check_cluster(values, job_nodes)
         return
     if "host" in values:
         raise _Invalid("write either [host] or [[hosts]], not both", ".hosts")
@@ -97,13 +108,7 @@ def _check_hosts(values: dict[str, Any]) -> None:
     if "cluster" not in values:
         raise _Invalid("several hosts need a [cluster] table (backend = \"ray\" or "
                        "\"native\")", ".cluster")
-    if values["server"].engine != "vllm":
-        raise _Invalid(f"several hosts are launched with vLLM's multi-node shapes only, not "
-                       f"{values['server'].engine!r}", ".server.engine")
-    tp = values["server"].tensor_parallel_size
-    if values["cluster"].backend == "native" and tp % len(nodes):
-        raise _Invalid(f"tensor_parallel_size {tp} does not split over {len(nodes)} hosts",
-                       ".server.tensor_parallel_size")
+    _check_cluster(values, len(nodes))
     fault = values["simulate"].fault_host if "simulate" in values else None
     if fault is not None and fault not in targets:
         raise _Invalid(f"unknown host {fault!r}{_suggest(fault, targets)}; the hosts are: "
@@ -111,6 +116,19 @@ def _check_hosts(values: dict[str, Any]) -> None:
     head = nodes[heads[0]]
     values["nodes"] = (head, *(n for n in nodes if n is not head))
     values["host"] = head.host
+
+
+def _check_cluster(values: dict[str, Any], hosts: int) -> None:
+    """What several hosts (or a Slurm job's several nodes) need of the server."""
+    if "cluster" not in values:
+        return  # said by the table that asks for several
+    if values["server"].engine != "vllm":
+        raise _Invalid(f"several hosts are launched with vLLM's multi-node shapes only, not "
+                       f"{values['server'].engine!r}", ".server.engine")
+    tp = values["server"].tensor_parallel_size
+    if values["cluster"].backend == "native" and tp % hosts:
+        raise _Invalid(f"tensor_parallel_size {tp} does not split over {hosts} hosts",
+                       ".server.tensor_parallel_size")
 
 
 def _node(value: Any) -> NodeConfig:

@@ -36,7 +36,7 @@ class SlurmConfig:
     account: str | None = None
     qos: str | None = None
     time: str | None = None  # Slurm's own format: "30" (minutes), "4:00:00", "1-12:00"
-    nodes: int = 1
+    nodes: int = 1  # several: one member per node, as [cluster] says (tui.core.cluster)
     gpus_per_node: int | None = None
     gres: str | None = None  # "gpu:a100:8"; or gpus_per_node, not both
     cpus_per_task: int | None = None
@@ -132,17 +132,21 @@ def _sbatch_word(value: Any) -> str:
 def _check_slurm(values: dict[str, Any]) -> None:
     if values.get("gpus_per_node") is not None and values.get("gres") is not None:
         raise _Invalid("give gpus_per_node or gres, not both", ".gres")
-    if values.get("nodes", 1) != 1:
-        raise _Invalid("a launch through Slurm runs on one node so far; several nodes (one "
-                       "agent each) are not supported yet", ".nodes")
 
 
 def _check_beside(values: dict[str, Any]) -> None:
-    """What [slurm] does not combine with yet, said where it is written."""
+    """What [slurm] does not combine with (yet), said where it is written: the scheduler picks
+    the hosts (`nodes`, not [[hosts]]); several nodes are one server as [cluster] says."""
     for table, what in (("container", "[container]"), ("nodes", "[[hosts]]")):
         if values.get(table):
             raise _Invalid(f"{what} is not supported inside a Slurm job yet: drop one of "
                            f"{what} and [slurm]", ".slurm")
+    nodes = values["slurm"].nodes
+    if nodes > 1 and "cluster" not in values:
+        raise _Invalid(f"{nodes} nodes need a [cluster] table saying how they form one server "
+                       "(backend = \"ray\" or \"native\")", ".slurm.nodes")
+    if nodes == 1 and "cluster" in values:
+        raise _Invalid("[cluster] needs several nodes: set [slurm] nodes", ".cluster")
 
 
 _SLURM = {
