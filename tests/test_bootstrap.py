@@ -129,3 +129,13 @@ def test_drift_names_what_moved_since_the_lock_and_nothing_else() -> None:
     assert locked == {"cryptography": "46.0.3", "textual": "8.2.8", "tomli": "2.5.0"}
     assert bootstrap.drift(locked, latest) == "cryptography 46.0.3 → 51.0.1, new-dep — → 1.0"
     assert bootstrap.drift(locked, {"textual": "8.2.8"}) == "none"
+
+
+def test_the_suite_runs_a_worker_per_core_unless_the_caller_chose(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert bootstrap._workers([]) == ["-n", "2", "--dist", "worksteal"]
+    assert bootstrap._workers(["tests/test_e2e.py", "-x"])[:2] == ["-n", "2"]
+    for chosen in (["-n", "0"], ["-n4"], ["--numprocesses=3"], ["--dist", "load"],
+                   ["-p", "no:xdist"]):
+        assert bootstrap._workers(chosen) == [], chosen

@@ -101,6 +101,17 @@ def ensure_installed(*extras: str) -> None:
     subprocess.run(argv, cwd=ROOT, env=_uv_env(VENV), check=True)
 
 
+def _workers(extra_args: list[str]) -> list[str]:
+    """pytest-xdist's options: a worker per core (most of the suite's time is spent waiting
+    on the processes it starts: real servers, agents, SSH sessions; a worker more than the
+    cores made timing-bound tests flaky on a busy 2-core machine), each taking the next test
+    when it is free; none when the caller chose (`-n`, `--dist`, `-p no:xdist`)."""
+    if any(a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist"
+           for a in extra_args):
+        return []
+    return ["-n", str(os.cpu_count() or 1), "--dist", "worksteal"]
+
+
 def run_tests(extra_args: list[str], venv_dir: Path | None = None) -> int:
     """Lint (ruff), architecture contracts (import-linter), then the pytest suite."""
     bin_dir = (venv_dir or VENV) / "bin"
@@ -110,8 +121,8 @@ def run_tests(extra_args: list[str], venv_dir: Path | None = None) -> int:
               flush=True)
         if subprocess.run(step, cwd=ROOT).returncode != 0:
             return 1
-    return subprocess.run([str(_python(venv_dir)), "-m", "pytest", *extra_args],
-                          cwd=ROOT).returncode
+    return subprocess.run([str(_python(venv_dir)), "-m", "pytest", *_workers(extra_args),
+                           *extra_args], cwd=ROOT).returncode
 
 
 def _versions(lines: str) -> dict[str, str]:
