@@ -116,13 +116,16 @@ def _names_on(group: ClusterRun, member: str) -> dict[int, str]:
     return group.sups[member].machine.names()
 
 
-async def _poll(check: Callable[[], Any], timeout: float, what: str) -> Any:
+async def _poll(check: Callable[[], Any], timeout: float, what: str,
+                seen: Callable[[], Any] | None = None) -> Any:
+    """check() until truthy; `seen()`: what there was instead, said when it never is."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if value := check():
             return value
         await asyncio.sleep(0.2)
-    raise AssertionError(f"no {what} within {timeout:g}s")
+    instead = f"; instead: {seen()!r}" if seen is not None else ""
+    raise AssertionError(f"no {what} within {timeout:g}s{instead}")
 
 
 def _nothing_of_ray_left(lab: Lab, tmp: Path, runs: dict[str, str]) -> dict[str, int]:
@@ -259,7 +262,7 @@ async def test_a_worker_dying_on_the_second_host_is_the_runs_death_within_1s(
             server = group.sups["server"].machine
             await _poll(lambda: server.death is not None and server.death.cause is not None
                         and "SyntaxError" in server.death.cause.line, 15,
-                        "the SyntaxError as the driver's cause")
+                        "the SyntaxError as the driver's cause", lambda: server.death)
             assert server.death is not None and server.death.cause is not None
             # the run's death (what wait and the banner say): the actor's, with that cause
             found = group.death()
@@ -350,7 +353,7 @@ async def test_a_ray_actor_sigkilled_on_the_second_host_is_the_runs_death_within
                     "the engine core's word on the dead actor")
         server = group.sups["server"].machine
         await _poll(lambda: server.death is not None and server.death.cause is not None, 15,
-                    "the server's death with a cause")
+                    "the server's death with a cause", lambda: server.death)
         assert server.death is not None and server.death.cause is not None
         cause = server.death.cause.line
         killing = time.monotonic()
