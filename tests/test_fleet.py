@@ -312,6 +312,7 @@ async def test_status_lists_every_run_per_host_and_an_unreachable_host(
     assert len(lines) == 3, result.stdout
     for (name, run), line in zip(runs, lines[:2], strict=True):
         assert line.split()[:4] == [name, "local", run.run_id, "alive"], line
-        assert "loading weights" in line or "serving" in line or "reading config" in line, line
+        # the phase it is in (a busy machine may have taken it past the weights already)
+        assert any(str(p) in line for p in Phase if p >= Phase.CONFIG), line
     assert lines[2].split()[:2] == ["far", f"someone@127.0.0.1:{closed}"]
     assert f"connection refused by 127.0.0.1 port {closed}" in lines[2]
