@@ -44,6 +44,15 @@ PARTITION = "batch"
 URGENT = "urgent"  # the same nodes at a higher PriorityTier: it preempts batch (REQUEUE)
 MAX_TIME_MIN = 30  # the partitions' limit: a request for more is refused
 SLURMD_TIMEOUT_S = 10
+# a requeued job may start again this long after its requeue (Slurm's default: 120 s)
+CRED_EXPIRE_S = 10
+# Memory is a consumable the cgroups enforce (task/cgroup, cgroup.conf beside slurm.conf): a
+# job over its --mem ends OUT_OF_MEMORY. A job that asks for none gets DefMemPerCPU per CPU.
+DEF_MEM_PER_CPU_MB = 400
+CGROUP_CONF = "ConstrainRAMSpace=yes\nConstrainSwapSpace=yes\n"  # the cgroup plugin: autodetect
+# Each lane's job ids apart: a job's memory cgroup (memory/slurm_<node>/uid_0/job_<id>) is
+# named by its node and id, and the lanes' nodes share names.
+JOB_IDS_PER_SLOT = 100_000
 SLOT_DIR = Path("/run/specconsole-slurm")  # slot-N: the directory of the cluster holding N
 TOOLS = ("munged", "slurmctld", "slurmd", "sinfo", "sbatch", "ip", "unshare", "nsenter")
 
@@ -87,7 +96,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={workdir / 'munge' / 'munge.socket'}
+AuthInfo=socket={workdir / 'munge' / 'munge.socket'},cred_expire={CRED_EXPIRE_S}
 StateSaveLocation={workdir / 'state'}
 SlurmdSpoolDir={workdir / 'spool'}/%n
 SlurmctldPidFile={workdir / 'slurmctld.pid'}
@@ -95,9 +104,11 @@ SlurmdPidFile={workdir / 'slurmd'}-%n.pid
 SlurmctldLogFile={workdir / 'slurmctld.log'}
 SlurmdLogFile={workdir / 'slurmd'}-%n.log
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=task/cgroup
 SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
+SelectTypeParameters=CR_CPU_Memory
+DefMemPerCPU={DEF_MEM_PER_CPU_MB}
+FirstJobId={1 + slot * JOB_IDS_PER_SLOT}
 SlurmdParameters=config_overrides
 MpiDefault=none
 ReturnToService=2
@@ -192,6 +203,7 @@ class Cluster:
         for node in self.nodes:
             (self.workdir / "spool" / node).mkdir(exist_ok=True, mode=0o700)
         self.conf.write_text(slurm_conf(self.workdir, self._slot, self.nodes))
+        (self.workdir / "cgroup.conf").write_text(CGROUP_CONF)
         self._network()
         self._munged()
         self._daemon("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
