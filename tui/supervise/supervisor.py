@@ -110,7 +110,7 @@ from tui.supervise.events import (
 )
 from tui.supervise.history import History, Launch
 from tui.supervise.hooks import hook_env, run_hook
-from tui.supervise.slurmjob import JOB_POLL_S, JobRun, job_checks
+from tui.supervise.slurmjob import JOB_POLL_S, JobRun, follow_requeue, job_checks, told_end
 
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 10.0
@@ -249,7 +249,7 @@ class Supervisor:
                 self._stall_stacks = True  # once a stall: it is taken, or said why not
                 self._spawn(self._stacks_on_stall())
         elif isinstance(event, JobEnded):
-            self._record(job_end=event.verdict)
+            self._record(job_end=self.job.told(event.verdict) if self.job else event.verdict)
         elif isinstance(event, JobEnding):
             self._hook("ending", cause=event.words(), left_s=round(event.left_s),
                        job_id=event.job_id)
@@ -593,14 +593,15 @@ class Supervisor:
         self.profile = replace(self.profile, attach=replace(self.profile.attach, pid=found.pid))
         return f"job {job_id} of user {job.user or '?'} on {job.node}: "
 
-    async def _job_record(self, run_id: str) -> RunRecord:
+    async def _job_record(self, run_id: str, restart: int = 0) -> RunRecord:
         """The run as the agent on the job's node sees it, once the job script's agent has
-        launched the server there."""
+        launched the server there (in the job's allocation after `restart` requeues)."""
         assert self.job is not None and self.login is not None
         deadline = self.clock() + RUN_RECORD_S
         while True:
             for record in await launcher.list_runs(await self.connect(), self.profile):
-                if record.run_id == run_id and record.pid is not None:
+                if (record.run_id == run_id and record.pid is not None
+                        and record.restart >= restart):
                     return record
             job = await remote_slurm.show_job(self.login, self.job.job_id)
             end = slurm.scheduler_end(job) if job is not None else None
@@ -645,9 +646,11 @@ class Supervisor:
         assert self.job is not None
         if self.job.end is not None:
             return
-        end = self.job.end_of(job)
-        if end is None:
+        self.job.end = self.job.end_of(job)  # taken: a second caller returns above
+        if self.job.end is None:
             return
+        end = await told_end(await self.login_session(), self.profile, self.job, job)
+        assert end is not None
         self.job.end, self.job.job = end, job or self.job.job
         for task in self._tasks:
             if task is not asyncio.current_task():
@@ -660,12 +663,17 @@ class Supervisor:
         ended_at = (job.end_time.timestamp() if job is not None and job.end_time is not None
                     and job.ended else now)
         if end.schedulers_doing and (death is None or death.at >= ended_at - 2.0):
-            self._emit(self.machine.ended_by_scheduler(end.words(ready_for), now))
+            events = self.machine.ended_by_scheduler(end.words(ready_for), now)
+            if end.requeued and self.machine.death is not None:
+                self.job.requeued.append(self.machine.death)  # followed past it
+            self._emit(events)
             death = self.machine.death
         first = (slurm.FirstDeath(death.process, death.at)
                  if death is not None and death.ended_by is None else None)
         verdict = slurm.end_verdict(end, first, ended_at, ready_for)
         self._emit([JobEnded(end, verdict), Notice(f"job {self.job.job_id}: {verdict}")])
+        if end.requeued and self.job.script is not None:  # its script starts the server again
+            await follow_requeue(self, end)
 
     async def _died_in_job(self, events: list[Any]) -> None:
         """A death in a job's run: the scheduler is asked first whether it ended the job (its
@@ -673,13 +681,15 @@ class Supervisor:
         from the start."""
         assert self.job is not None
         with contextlib.suppress(SpecconsoleError, asyncio.TimeoutError):
-            job = await asyncio.wait_for(
-                remote_slurm.show_job(await self.login_session(), self.job.job_id), 5.0)
-            end = self.job.end_of(job)
+            login = await self.login_session()
+            job = await asyncio.wait_for(remote_slurm.show_job(login, self.job.job_id), 5.0)
+            end = await asyncio.wait_for(told_end(login, self.profile, self.job, job), 5.0)
             death = self.machine.death
             if end is not None and end.schedulers_doing and death is not None:
                 ready_for = (death.at - self._ready_at) if self._ready_at is not None else None
                 self.machine.death = replace(death, ended_by=end.words(ready_for))
+                if end.requeued:
+                    self.job.requeued.append(self.machine.death)  # followed past it
                 events = [Died(self.machine.death) if isinstance(e, Died) else e
                           for e in events]
         self._emit(events)
@@ -756,9 +766,12 @@ class Supervisor:
                               "start one with `specconsole launch` or `wait --launch`")
         return await self.attach(latest)
 
-    def _begin(self, now: float) -> None:
+    def _begin(self, now: float, resume_log: bool = False) -> None:
+        """Watch the run from `now`: its log from the start, or (a requeued job's next
+        allocation) from where it was."""
         assert self.run is not None
-        self.log_end = 0
+        if not resume_log:
+            self.log_end = 0
         self.lost_gpus = set()
         self._emit(self.machine.started(self.run.pid, self.run.launched_at, now))
         self._emit([RunStarted(self.run)])
