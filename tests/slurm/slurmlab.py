@@ -53,6 +53,7 @@ CGROUP_CONF = "ConstrainRAMSpace=yes\nConstrainSwapSpace=yes\n"  # the cgroup pl
 # Each lane's job ids apart: a job's memory cgroup (memory/slurm_<node>/uid_0/job_<id>) is
 # named by its node and id, and the lanes' nodes share names.
 JOB_IDS_PER_SLOT = 100_000
+CGROUP_MEMORY = "/sys/fs/cgroup/memory"  # cgroup v1's memory hierarchy, where slurmd puts jobs
 SLOT_DIR = Path("/run/specconsole-slurm")  # slot-N: the directory of the cluster holding N
 TOOLS = ("munged", "slurmctld", "slurmd", "sinfo", "sbatch", "ip", "unshare", "nsenter")
 
@@ -294,6 +295,19 @@ class Cluster:
 
     # -- down ------------------------------------------------------------------------------
 
+    def _cgroups_gone(self) -> None:
+        """The memory cgroups of this slot's jobs (task/cgroup): slurmstepd leaves a job's
+        behind when a process of it outlived the job; empty by now, removed."""
+        assert self.slot is not None
+        first = 1 + self.slot * JOB_IDS_PER_SLOT
+        for job in Path(CGROUP_MEMORY).glob("slurm_*/uid_*/job_*"):
+            number = job.name.removeprefix("job_")
+            if not number.isdigit() or not first <= int(number) < first + JOB_IDS_PER_SLOT:
+                continue
+            for step in (*job.glob("step_*/task_*"), *job.glob("step_*"), job):
+                with contextlib.suppress(OSError):
+                    step.rmdir()
+
     def down(self, release: bool = True) -> None:
         """Stop every daemon this directory's pid files name and every process in the lane's
         namespaces (the jobs' too), then delete the namespaces and their links; `release`
@@ -316,6 +330,7 @@ class Cluster:
                 deadline = time.monotonic() + 10  # slurmctld saves its state, then exits
                 while _alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.05)
+        self._cgroups_gone()
         slot_file = SLOT_DIR / f"slot-{self.slot}"
         with contextlib.suppress(OSError):
             if release and Path(slot_file.read_text().strip()) == self.workdir:
