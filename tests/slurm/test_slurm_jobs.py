@@ -478,6 +478,7 @@ async def test_preempted_and_requeued_the_run_is_followed_to_ready_on_its_next_a
                          output), output
         recorded = history.get(run_id)
         assert recorded is not None and recorded.outcome == "ready"
+        assert recorded.nodes == (node, allocated.job.node), recorded
         assert (recorded.job_end or "").startswith("PREEMPTED: preempted by a higher-priority "
                                                    f"job on {node}"), recorded
         assert not any(isinstance(e, Stalled) for e in seen)

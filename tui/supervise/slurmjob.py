@@ -45,6 +45,7 @@ class JobRun:
     # the deaths of allocations the scheduler requeued: the run is followed past them
     requeued: list[Death] = field(default_factory=list)
     verdicts: list[str] = field(default_factory=list)  # each allocation's end, for the history
+    allocations: tuple[str, ...] = ()  # the nodes it ran on, across requeues (the history)
 
     def seen(self, job: slurm.Job, now: float) -> None:
         """The job's latest record, asked at `now` (the supervisor's clock)."""
@@ -123,6 +124,9 @@ async def follow_requeue(sup: Supervisor, end: slurm.SchedulerEnd) -> None:
         allocated = JobAllocated(job, sup.clock() - requeued_at)
         sup.machine.allocated(allocated.words(), sup.clock())
         sup._emit([allocated, Notice(allocated.words())])
+        had = job_run.allocations or ((end.node,) if end.node else ())
+        job_run.allocations = tuple(dict.fromkeys((*had, *job.nodes)))
+        sup._record(nodes=job_run.allocations)
         sup.session = remote_slurm.StepSession(login, job_run.job_id, str(job.node))
         record = await sup._job_record(run.run_id, job.restarts)
     except (JobNeverStarts, SpecconsoleError) as exc:
