@@ -44,8 +44,12 @@ PARTITION = "batch"
 URGENT = "urgent"  # the same nodes at a higher PriorityTier: it preempts batch (REQUEUE)
 MAX_TIME_MIN = 30  # the partitions' limit: a request for more is refused
 SLURMD_TIMEOUT_S = 10
-# a requeued job may start again this long after its requeue (Slurm's default: 120 s)
+# a requeued job may start again this long after its requeue (Slurm's default: 120 s); it is
+# also a step's credential's lifetime, so not less (a step launch on a loaded machine)
 CRED_EXPIRE_S = 10
+# how often the backfill scheduler runs (Slurm's default: 30 s): a requeued job starts within
+# this of its eligibility
+BACKFILL_S = 2
 # Memory is a consumable the cgroups enforce (task/cgroup, cgroup.conf beside slurm.conf): a
 # job over its --mem ends OUT_OF_MEMORY. A job that asks for none gets DefMemPerCPU per CPU.
 DEF_MEM_PER_CPU_MB = 400
@@ -123,6 +127,7 @@ MinJobAge=600
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SchedulerType=sched/backfill
+SchedulerParameters=bf_interval={BACKFILL_S}
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 JobRequeue=1
