@@ -428,15 +428,25 @@ async def test_preempted_and_requeued_the_run_is_followed_to_ready_on_its_next_a
     queue again ("preempted (requeued): job J back in the queue (...)"), allocated on another
     node, the job script's agent starting the server again there, READY again, its log resumed
     (each line of server.log seen once, in order, the first allocation's and the second's);
-    the history keeps the preemption; `wait`'s rule: the requeued death is not the run's."""
+    the history keeps the preemption. `wait --until dead`, run from another process beside,
+    follows the run across the requeue and goes on waiting."""
     history = History(tmp_path / "history.sqlite3")
-    sup = Supervisor(load_profile(slurm_profile(tmp_path)), history=history)
+    profile = slurm_profile(tmp_path)
+    sup = Supervisor(load_profile(profile), history=history)
     events = sup.subscribe()
     seen: list[Any] = []
+    waiting: subprocess.Popen[str] | None = None
     try:
         await _ready(sup, jobs)
         assert sup.job is not None and sup.run is not None
         node, run_id, pid = sup.job.node, sup.run.run_id, sup.run.pid
+        out = tmp_path / "wait.out"
+        with out.open("w") as sink:
+            waiting = subprocess.Popen([sys.executable, "-m", "tui", "wait", str(profile),
+                                        "--until", "dead"], stdout=sink,
+                                       stderr=subprocess.STDOUT, text=True,
+                                       env={**os.environ, "COLUMNS": "200"})
+        await async_wait_for(lambda: "READY after" in out.read_text(), 60, "wait at READY")
         urgent = subprocess.run(
             ["sbatch", "--parsable", "--partition=urgent", f"--nodelist={node}", "--exclusive",
              "--time=2", f"--output={tmp_path}/urgent-%j.out", "--wrap", "sleep 120"],
@@ -482,7 +492,18 @@ async def test_preempted_and_requeued_the_run_is_followed_to_ready_on_its_next_a
         assert (recorded.job_end or "").startswith("PREEMPTED: preempted by a higher-priority "
                                                    f"job on {node}"), recorded
         assert not any(isinstance(e, Stalled) for e in seen)
+        await async_wait_for(lambda: out.read_text().count("READY after") == 2, 30,
+                             "wait at READY again")
+        said = out.read_text()
+        assert waiting.poll() is None, said  # still waiting, past the preemption
+        assert f"PREEMPTED: preempted by a higher-priority job on {node} after" in said, said
+        assert (f"phase: queued (preempted (requeued): job {jobs[0]} back in the queue ("
+                in said), said
+        assert f"job {jobs[0]} allocated on {allocated.job.node}" in said, said
     finally:
+        if waiting is not None:
+            waiting.terminate()
+            waiting.wait(10)
         if sup.run is not None and sup.job is not None and sup.job.end is None:
             await sup.kill(2.0)
         await sup.close()
