@@ -451,7 +451,8 @@ class JobFollow:
             login = await sup.login_session()
             job = await asyncio.wait_for(remote_slurm.show_job(login, sup.job.job_id), 5.0)
             ended = sup.job.end_of(job)
-            end = await asyncio.wait_for(self.told(job, ended), 5.0) if ended else None
+            end = (await asyncio.wait_for(self.told(job, ended), 5.0)
+                   if ended is not None else None)
             death = sup.machine.death
             if end is not None and end.schedulers_doing and death is not None:
                 ready_for = (death.at - sup.ready_at) if sup.ready_at is not None else None
@@ -523,6 +524,6 @@ class JobFollow:
         job_id = sup.job.job_id
         job = await remote_slurm.cancel(await sup.login_session(), job_id)
         sup.emit([Notice(f"job {job_id} has left the queue ("
-                          f"{job.state if job is not None else 'forgotten'})")])
+                         f"{job.state if job is not None else 'forgotten'})")])
         await self.job_over(job)
         return job
