@@ -58,8 +58,8 @@ class ReplaySupervisor(Supervisor):
         run_id = "kimi-k25-eagle3-20260930-140210-a1b2c3"
         self.run = RunInfo(run_id, f"/home/ml/.specconsole/runs/{run_id}", self.pid, self.t0,
                            attached=False)
-        self._emit(self.machine.started(self.pid, self.t0, self.t0))
-        self._emit([RunStarted(self.run)])
+        self.emit(self.machine.started(self.pid, self.t0, self.t0))
+        self.emit([RunStarted(self.run)])
         for at, event in sorted(self.script, key=lambda item: item[0]):
             self.pinned.now = self.t0 + at
             self._dispatch(event)
@@ -68,7 +68,7 @@ class ReplaySupervisor(Supervisor):
     async def _smoke(self) -> None:
         """The recorded server's answer: no request leaves the test (the profile's host is not
         reachable, and a DNS failure's wording would differ from machine to machine)."""
-        self._emit([SmokeDone(True, 0.42, 16, "Hello! How can I help you today?")])
+        self.emit([SmokeDone(True, 0.42, 16, "Hello! How can I help you today?")])
 
     async def close(self) -> None:
         self._closing = True

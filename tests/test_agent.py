@@ -331,6 +331,41 @@ def test_exec_failure_is_an_error_and_exit_127(tmp_path: Path) -> None:
     assert "no-such-vllm" in (tmp_path / "nope" / "server.log").read_text()
 
 
+def test_a_requeued_jobs_launch_starts_the_server_again_in_the_same_run(tmp_path: Path) -> None:
+    """A Slurm job's script runs the agent's launch again when the scheduler requeues the job
+    (SLURM_RESTART_COUNT=1): the same run directory, the last allocation's pid and exit kept
+    aside, server.log appended to with a line saying so, the new pid file naming its
+    allocation; without the restart count a second launch into the run is refused."""
+    runs = tmp_path / "runs"
+    (runs / "job-1").mkdir(parents=True)
+    spec = {"run_id": "job-1", "runs_dir": str(runs), "profile_key": "p", "env": {},
+            "redact": [], "cwd": None, "prepared": True, "hold": True,
+            "argv": [PY, "-c", "import os; print('server', os.environ['SLURM_RESTART_COUNT'])"]}
+    rc, msgs = run_agent("launch", spec, env=agent_env(SLURM_JOB_ID="77",
+                                                       SLURM_RESTART_COUNT="0"))
+    assert rc == 0 and msgs[-1]["t"] == "launched", msgs
+    run_dir = runs / "job-1"
+    first = json.loads((run_dir / "pid").read_text())
+    assert first["restart"] == 0
+    rc, msgs = run_agent("launch", spec, env=agent_env(SLURM_JOB_ID="77"))
+    assert rc == 1 and msgs[-1]["kind"] == "run_exists"
+    rc, msgs = run_agent("launch", spec, env=agent_env(SLURM_JOB_ID="77",
+                                                       SLURM_RESTART_COUNT="1"))
+    assert rc == 0 and msgs[-1]["t"] == "launched", msgs
+    again = json.loads((run_dir / "pid").read_text())
+    assert again["restart"] == 1 and again["pid"] == msgs[-1]["pid"] != first["pid"]
+    assert json.loads((run_dir / "pid.0").read_text()) == first
+    assert json.loads((run_dir / "exit.0.json").read_text())["pid"] == first["pid"]
+    assert json.loads((run_dir / "exit.json").read_text())["pid"] == again["pid"]
+    assert (run_dir / "server.log").read_text().splitlines() == [
+        "server 0",
+        f"specconsole: job 77 requeued (restart 1): the server starts again on "
+        f"{os.uname().nodename}",
+        "server 1"]
+    rc, msgs = run_agent("runs", {"runs_dir": str(runs)})
+    assert rc == 0 and msgs[-1]["runs"][0]["restart"] == 1, msgs
+
+
 # --------------------------------------------------------------------------- watch
 
 TREE = r"""

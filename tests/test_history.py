@@ -410,7 +410,7 @@ async def test_a_job_nearing_its_time_limit_runs_the_on_ending_hook(tmp_path: Pa
              f'$SPECCONSOLE_LEFT_S $SPECCONSOLE_CAUSE >> {log}"\n')
     sup = Supervisor(load_profile(sim_profile(tmp_path, "ready", extra=extra)))
     sup.run = RunInfo("run-1", str(tmp_path), 1, 0.0, attached=False)
-    sup._emit([JobEnding("494583", 540.4)])
+    sup.emit([JobEnding("494583", 540.4)])
     await async_wait_for(log.exists, 10, "the on_ending hook")
     assert log.read_text() == ("ending 494583 540 job 494583 has 9 min left before its time "
                                "limit ends it\n")

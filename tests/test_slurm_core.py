@@ -7,11 +7,13 @@ The scontrol, squeue and sbatch texts below were printed by the Slurm lane's rea
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from tui.cli.follow import OneHost
 from tui.core.describe import death_lines, describe
 from tui.core.errors import ProfileError
 from tui.core.phases import Phase
@@ -27,20 +29,28 @@ from tui.core.slurm import (
     job_script,
     job_words,
     never_starts,
+    no_accounting,
     parse_fields,
     parse_job,
     parse_job_id,
     parse_queue,
+    parse_sacct,
     parse_test_only,
     pending_words,
+    preemption_seen,
     queue_detail,
     queued_summary,
+    requeue_detail,
+    sacct_argv,
     sbatch_options,
     scheduler_end,
     step_argv,
 )
 from tui.core.state import CauseUpdated, Died, LaunchMachine, PhaseChanged, State
 from tui.core.status import status_line, timeline_rows, view_of
+from tui.sim.demo import demo_profile
+from tui.supervise.slurmjob import JobRun
+from tui.supervise.supervisor import Supervisor
 
 TIMEOUT_JOB = (
     "JobId=19 JobName=job UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901741 "
@@ -149,9 +159,10 @@ def test_the_job_script_has_the_tables_sbatch_lines_then_the_command(tmp_path: P
     lines = script.splitlines()
     assert lines[0] == "#!/bin/bash"
     directives = [ln.removeprefix("#SBATCH ") for ln in lines if ln.startswith("#SBATCH ")]
-    assert directives == ["--job-name=kimi", f"--output={run_dir}/slurm-%j.out", "--nodes=1",
-                          "--ntasks-per-node=1", "--partition=gpu", "--time=4:00:00",
-                          "--gpus-per-node=8", "--mem=64G", "--exclusive"]
+    assert directives == ["--job-name=kimi", f"--output={run_dir}/slurm-%j.out",
+                          "--open-mode=append", "--nodes=1", "--ntasks-per-node=1",
+                          "--partition=gpu", "--time=4:00:00", "--gpus-per-node=8",
+                          "--mem=64G", "--exclusive"]
     assert directives == sbatch_options(profile, run_dir)
     # the command is quoted word by word: a profile value stays text
     assert shlex.split(lines[-1]) == ["python3", "-c", "print('a b')", "$(touch /tmp/x)", "<",
@@ -263,7 +274,8 @@ def test_host_lists_expand() -> None:
     ("CANCELLED", "0:15", "CANCELLED: job 19 was cancelled (scancel)"),
     ("NODE_FAIL", "0:0", "NODE_FAIL: the scheduler lost node node-1"),
     ("PREEMPTED", "0:15", "PREEMPTED: a job of a higher priority took its node on node-1"),
-    ("OUT_OF_MEMORY", "0:125", "OUT_OF_MEMORY: the job's memory limit killed it on node-1"),
+    ("OUT_OF_MEMORY", "0:125", "OUT_OF_MEMORY: the job's memory limit was reached on node-1: "
+                               "the kernel's cgroup OOM killer ended its processes"),
     ("FAILED", "1:0", "FAILED: the job's script ended with exit code 1 on node-1"),
     ("COMPLETED", "0:0", "COMPLETED: the job's script ended with exit code 0"),
 ])
@@ -272,6 +284,67 @@ def test_each_end_in_words(state: str, exit_code: str, words: str) -> None:
                     .replace("ExitCode=0:15", f"ExitCode={exit_code}"))
     end = scheduler_end(job)
     assert end is not None and end.words() == words
+
+
+# `scontrol show job -o` of a job over its --mem=100M (python3 -c 'b=bytearray(400<<20)'), in the
+# Slurm lane (slurm-wlm 22.05.8, task/cgroup on cgroup v1, 2026-12-07); its output ends with
+# `slurmstepd-node-1: error: Detected 1 oom-kill event(s) in StepId=200004.batch. ...`
+OOM_JOB = (
+    "JobId=200004 JobName=wrap UserId=root(0) GroupId=root(0) MCS_label=N/A "
+    "Priority=4294901756 Nice=0 Account=(null) QOS=(null) JobState=OUT_OF_MEMORY "
+    "Reason=OutOfMemory Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 "
+    "ExitCode=0:125 RunTime=00:00:00 TimeLimit=00:02:00 TimeMin=N/A "
+    "SubmitTime=2026-12-07T19:26:38 EligibleTime=2026-12-07T19:26:38 "
+    "AccrueTime=2026-12-07T19:26:38 StartTime=2026-12-07T19:26:39 "
+    "EndTime=2026-12-07T19:26:39 Deadline=N/A PreemptEligibleTime=2026-12-07T19:26:39 "
+    "PreemptTime=None SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-12-07T19:26:39 "
+    "Scheduler=Main Partition=batch AllocNode:Sid=localhost:15245 ReqNodeList=(null) "
+    "ExcNodeList=(null) NodeList=node-1 BatchHost=node-1 NumNodes=1 NumCPUs=1 NumTasks=1 "
+    "CPUs/Task=1 ReqB:S:C:T=0:0:*:* TRES=cpu=1,mem=100M,node=1,billing=1 Socks/Node=* "
+    "NtasksPerN:B:S:C=0:0:*:* CoreSpec=* MinCPUsNode=1 MinMemoryNode=100M MinTmpDiskNode=0 "
+    "Features=(null) DelayBoot=00:00:00 OverSubscribe=OK Contiguous=0 Licenses=(null) "
+    "Network=(null) Command=(null) WorkDir=/tmp/scf StdErr=/tmp/scf/oom-200004.out "
+    "StdIn=/dev/null StdOut=/tmp/scf/oom-200004.out Power= \n")
+
+
+def test_out_of_memory_names_the_jobs_memory_limit_and_what_it_killed() -> None:
+    job = parse_job(OOM_JOB)
+    assert (job.state, job.memory, job.reason) == ("OUT_OF_MEMORY", "100M", "OutOfMemory")
+    end = scheduler_end(job)
+    assert end is not None and end.memory == "100M"
+    assert end.words(30) == ("OUT_OF_MEMORY: the job's memory limit (100M) was reached on "
+                             "node-1: the kernel's cgroup OOM killer ended its processes, 30 s "
+                             "after READY")
+    # the kernel kills at the limit while the job runs: long before the job's end or not, the
+    # process it killed is its victim, never a crash of its own
+    assert end_verdict(end, FirstDeath("EngineCore_DP0", 900.0), 1000.0) == (
+        f"{end.words()}; EngineCore_DP0 was killed by it")
+    assert parse_job(TIMEOUT_JOB).memory is None  # TRES without mem=
+
+
+def test_who_cancelled_a_job_comes_from_the_accounting_or_is_said_unknown() -> None:
+    assert sacct_argv("494583") == ["sacct", "-X", "--noheader", "--parsable2",
+                                    "--jobs=494583", "--format=JobID,State"]
+    # `CANCELLED by %u`: how sacct prints a cancelled job's state with the requester's uid
+    # (SchedMD/slurm src/sacct/print.c, PRINT_STATE); the job id and `|` as --parsable2 prints
+    by = parse_sacct("494583|CANCELLED by 1234\n", "494583")
+    assert by is not None and (by.state, by.by_uid) == ("CANCELLED", 1234)
+    # the lane's own sacct -c (jobcomp/filetxt, slurm-wlm 22.05.8): a state, no requester
+    plain = parse_sacct("200003|CANCELLED\n", "200003")
+    assert plain is not None and (plain.state, plain.by_uid) == ("CANCELLED", None)
+    assert parse_sacct("200003|CANCELLED\n", "9") is None
+    assert parse_sacct("", "9") is None
+    # the lane's sacct without accounting (AccountingStorageType=accounting_storage/none): exit 1
+    assert no_accounting("Slurm accounting storage is disabled\n")
+    assert not no_accounting("sacct: error: slurmdbd: Connection refused\n")
+    cancelled = scheduler_end(parse_job(TIMEOUT_JOB.replace("JobState=TIMEOUT",
+                                                            "JobState=CANCELLED")))
+    assert cancelled is not None
+    assert replace(cancelled, cancelled_by="user alice (uid 1234)").words(45) == (
+        "CANCELLED: job 19 was cancelled by user alice (uid 1234) (scancel), 45 s after READY")
+    assert replace(cancelled, accounting=False).words() == (
+        "CANCELLED: job 19 was cancelled (scancel); this cluster keeps no accounting to say by "
+        "whom")
 
 
 def test_the_end_combined_with_the_first_death() -> None:
@@ -339,12 +412,56 @@ def test_a_requeue_ends_the_runs_allocation() -> None:
     assert allocation_end(running, 0, "node-1") is None
     requeued = parse_job(PENDING_JOB.replace("Restarts=0", "Restarts=1"))
     end = allocation_end(requeued, 0, "node-1")
-    assert end is not None and end.schedulers_doing
+    assert end is not None and end.schedulers_doing and end.requeued
     assert end.words() == ("REQUEUED: the scheduler took job 21 off node-1 and put it back in "
-                           "the queue (a node's failure or a preemption); the requeued job is "
-                           "not followed")
+                           "the queue (a node's failure or a preemption)")
+    assert allocation_end(requeued, 1, None) is not None  # pending again: not running yet
+    running_again = parse_job(TIMEOUT_JOB.replace("JobState=TIMEOUT", "JobState=RUNNING")
+                              .replace("Restarts=0", "Restarts=1"))
+    assert allocation_end(running_again, 1, "node-2") is None  # the allocation followed
     assert allocation_end(parse_job(TIMEOUT_JOB), 0, "node-1") == scheduler_end(
         parse_job(TIMEOUT_JOB))
+
+
+# The output of a job preempted by a job of the higher-PriorityTier partition and requeued
+# (PreemptMode=REQUEUE), in the Slurm lane (slurm-wlm 22.05.8, --open-mode=append): the first
+# allocation's lines, slurmstepd's, then the second allocation's.
+PREEMPTED_OUTPUT = (
+    "start node-1 restart=none 19:16:58\n"
+    "slurmstepd-node-1: error: *** JOB 3 ON node-1 CANCELLED AT 2026-12-07T19:17:01 DUE TO "
+    "PREEMPTION ***\n"
+    "got TERM 19:17:01\n"
+    "start node-2 restart=1 19:17:25\n")
+
+
+def test_a_requeue_witnessed_as_a_preemption_is_said_so_with_how_long_it_served() -> None:
+    requeued = parse_job(PENDING_JOB.replace("JobId=21", "JobId=3")
+                         .replace("Restarts=0", "Restarts=1").replace("Reason=Resources",
+                                                                      "Reason=BeginTime"))
+    end = allocation_end(requeued, 0, "node-1")
+    assert end is not None
+    preempted = preemption_seen(end, PREEMPTED_OUTPUT)
+    assert (preempted.state, preempted.requeued, preempted.schedulers_doing) == (
+        "PREEMPTED", True, True)
+    assert preempted.words(130) == ("PREEMPTED: preempted by a higher-priority job on node-1 "
+                                    "after 2 min 10 s of serving; requeued (job 3 back in the "
+                                    "queue)")
+    assert preempted.words() == ("PREEMPTED: preempted by a higher-priority job on node-1 "
+                                 "before READY; requeued (job 3 back in the queue)")
+    # no witness: a node's failure, or the line names another node or another end
+    assert preemption_seen(end, "").state == "REQUEUED"
+    assert preemption_seen(end, PREEMPTED_OUTPUT.replace("ON node-1", "ON node-3")
+                           ).state == "REQUEUED"
+    assert preemption_seen(end, PREEMPTED_OUTPUT.replace("PREEMPTION", "TIME LIMIT")
+                           ).state == "REQUEUED"
+    assert preemption_seen(end, PREEMPTED_OUTPUT.replace("JOB 3 ", "JOB 4 ")
+                           ).state == "REQUEUED"
+    line = parse_queue("3|PENDING|BeginTime|2026-12-07T19:17:12|\n")
+    assert line is not None
+    assert requeue_detail(preempted, line) == (
+        "preempted (requeued): job 3 back in the queue (BeginTime: its begin time has not "
+        "come) · expected start 2026-12-07T19:17:12")
+    assert requeue_detail(end, line).startswith("requeued: job 3 back in the queue (")
 
 
 def test_the_queue_is_the_timelines_first_phase_never_a_stall_nor_the_loads_time() -> None:
@@ -460,3 +577,23 @@ async def test_a_job_someone_else_submitted_is_not_killed_through_a_step() -> No
         await sup.kill(2.0)
     assert str(refused.value).endswith("end it with `scancel 26` (the scheduler's own kill)")
     assert sup.machine.state is State.PENDING, "nothing was marked killing"
+
+
+def test_wait_follows_a_requeued_allocations_death_and_stops_at_any_other() -> None:
+    """`wait` (tui/cli/follow.py): a death its supervisor marked as a requeued allocation's is
+    not the run's end (the run goes on to its next allocation); any other death is."""
+    sup = Supervisor(demo_profile("ready", 1.0))
+    machine = _started()
+    died = [e for e in machine.ended_by_scheduler("PREEMPTED: ...; requeued", T0 + 5)
+            if isinstance(e, Died)]
+    target = OneHost(sup)
+    assert target.is_death(died[0])  # not a job's run
+    sup.job = JobRun("3", "/runs/r/job.sbatch")
+    assert target.is_death(died[0])  # a job's, not requeued
+    sup.job.requeued.append(died[0].death)
+    assert not target.is_death(died[0])
+    assert target.is_death(Died(replace(died[0].death, ended_by="PREEMPTED: ...; then job 3 "
+                                                                "ended before it ran again")))
+    assert sup.job.told("PREEMPTED: a") == "PREEMPTED: a"
+    assert sup.job.told("TIMEOUT: b") == "PREEMPTED: a; then TIMEOUT: b"
+    assert sup.job.output == "/runs/r/slurm-3.out"

@@ -76,8 +76,8 @@ def test_the_job_script_starts_one_agent_per_node_waiting_for_its_member() -> No
                         stdin=f"{run_dir}/agent.stdin")
     lines = script.splitlines()
     directives = [ln.removeprefix("#SBATCH ") for ln in lines if ln.startswith("#SBATCH ")]
-    assert directives[:4] == ["--job-name=kimi", f"--output={run_dir}/slurm-%j.out",
-                              "--nodes=2", "--ntasks-per-node=1"]
+    assert directives[:5] == ["--job-name=kimi", f"--output={run_dir}/slurm-%j.out",
+                              "--open-mode=append", "--nodes=2", "--ntasks-per-node=1"]
     # the batch script runs on the first node only: one step of one task on every node, each
     # given the agent on stdin, a task's end not ending the others
     assert shlex.split(lines[-1]) == [

@@ -14,7 +14,7 @@ from tui.core.profile import loads_profile
 from tui.core.protocol import ProcExit
 from tui.core.state import Died
 from tui.remote.interface import CommandResult, Session, Stream
-from tui.supervise.slurmjob import JobRun
+from tui.supervise.slurmjob import JobRun, JobSupervisor
 from tui.supervise.supervisor import Supervisor
 
 PROFILE = ('[host]\ntarget = "local"\n[server]\nengine = "vllm"\nmodel = "/m"\n'
@@ -88,3 +88,14 @@ async def test_node_fail_of_a_two_node_job_names_the_node_the_scheduler_lost(
     assert died.death.ended_by == ("NODE_FAIL: the scheduler lost node node-2 (of the job's "
                                    "node-1, node-2)")
     assert login.asked[1][:3] == ["sinfo", "--noheader", "--Node"]
+
+
+def test_the_supervisor_has_all_that_job_follow_asks_of_it(tmp_path: Path) -> None:
+    """JobFollow names what it needs of its supervisor (JobSupervisor, so that slurmjob need
+    not import the supervisor's module): every field and method of it is the Supervisor's."""
+    sup = Supervisor(loads_profile(PROFILE, tmp_path / "job.toml"))
+    needed = {*JobSupervisor.__annotations__,
+              *(name for name, member in vars(JobSupervisor).items()
+                if callable(member) and not name.startswith("_"))}
+    assert {"job", "login", "session", "emit", "begin", "record"} <= needed
+    assert sorted(name for name in needed if not hasattr(sup, name)) == []

@@ -42,6 +42,20 @@ PARTITION = "batch"
 URGENT = "urgent"  # the same nodes at a higher PriorityTier: it preempts batch (REQUEUE)
 MAX_TIME_MIN = 30  # the partitions' limit: a request for more is refused
 SLURMD_TIMEOUT_S = 10
+# a requeued job may start again this long after its requeue (Slurm's default: 120 s); it is
+# also a step's credential's lifetime, so not less (a step launch on a loaded machine)
+CRED_EXPIRE_S = 10
+# how often the backfill scheduler runs (Slurm's default: 30 s): a requeued job starts within
+# this of its eligibility
+BACKFILL_S = 2
+# Memory is a consumable the cgroups enforce (task/cgroup, cgroup.conf beside slurm.conf): a
+# job over its --mem ends OUT_OF_MEMORY. A job that asks for none gets DefMemPerCPU per CPU.
+DEF_MEM_PER_CPU_MB = 400
+CGROUP_CONF = "ConstrainRAMSpace=yes\nConstrainSwapSpace=yes\n"  # the cgroup plugin: autodetect
+# Each lane's job ids apart: a job's memory cgroup (memory/slurm_<node>/uid_0/job_<id>) is
+# named by its node and id, and the lanes' nodes share names.
+JOB_IDS_PER_SLOT = 100_000
+CGROUP_MEMORY = "/sys/fs/cgroup/memory"  # cgroup v1's memory hierarchy, where slurmd puts jobs
 # slot-S names the directory of the cluster holding slot S
 SLOT_DIR = Path("/run/specconsole-slurm")
 SLOT_CLAIM_S = 120.0  # a claim whose slurmctld is not up yet is taken for this long
@@ -87,7 +101,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={workdir / 'munge' / 'munge.socket'}
+AuthInfo=socket={workdir / 'munge' / 'munge.socket'},cred_expire={CRED_EXPIRE_S}
 StateSaveLocation={workdir / 'state'}
 SlurmdSpoolDir={workdir / 'spool'}/%n
 SlurmctldPidFile={workdir / 'slurmctld.pid'}
@@ -95,9 +109,11 @@ SlurmdPidFile={workdir / 'slurmd'}-%n.pid
 SlurmctldLogFile={workdir / 'slurmctld.log'}
 SlurmdLogFile={workdir / 'slurmd'}-%n.log
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=task/cgroup
 SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
+SelectTypeParameters=CR_CPU_Memory
+DefMemPerCPU={DEF_MEM_PER_CPU_MB}
+FirstJobId={1 + slot * JOB_IDS_PER_SLOT}
 SlurmdParameters=config_overrides
 MpiDefault=none
 ReturnToService=2
@@ -111,6 +127,7 @@ MinJobAge=600
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SchedulerType=sched/backfill
+SchedulerParameters=bf_interval={BACKFILL_S}
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 JobRequeue=1
@@ -161,6 +178,7 @@ class Cluster:
         for node in self.nodes:
             (self.workdir / "spool" / node).mkdir(exist_ok=True, mode=0o700)
         self.conf.write_text(slurm_conf(self.workdir, self.nodes, self.slot))
+        (self.workdir / "cgroup.conf").write_text(CGROUP_CONF)
         self._network()
         self._munged()
         self._daemon("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
@@ -263,6 +281,19 @@ class Cluster:
 
     # -- down ------------------------------------------------------------------------------
 
+    def _cgroups_gone(self) -> None:
+        """The memory cgroups of this slot's jobs (task/cgroup): slurmstepd leaves a job's
+        behind when a process of it outlived the job; empty by now, removed."""
+        assert self.slot is not None
+        first = 1 + self.slot * JOB_IDS_PER_SLOT
+        for job in Path(CGROUP_MEMORY).glob("slurm_*/uid_*/job_*"):
+            number = job.name.removeprefix("job_")
+            if not number.isdigit() or not first <= int(number) < first + JOB_IDS_PER_SLOT:
+                continue
+            for step in (*job.glob("step_*/task_*"), *job.glob("step_*"), job):
+                with contextlib.suppress(OSError):
+                    step.rmdir()
+
     def down(self, keep_slot: bool = False) -> None:
         """Stop every daemon this directory's pid files name and every process in the lane's
         namespaces (the jobs' too), then delete the namespaces and their links, and give the
@@ -287,6 +318,7 @@ class Cluster:
                 deadline = time.monotonic() + 10  # slurmctld saves its state, then exits
                 while _alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.05)
+        self._cgroups_gone()
         slot = SLOT_DIR / f"slot-{self.slot}"
         with contextlib.suppress(OSError):
             if not keep_slot and Path(slot.read_text().strip()) == self.workdir:

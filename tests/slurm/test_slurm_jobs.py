@@ -36,10 +36,12 @@ from tui.core.describe import death_lines, describe
 from tui.core.errors import PreflightFailed
 from tui.core.phases import Phase
 from tui.core.profile import load_profile
-from tui.core.slurm import expand_nodes
-from tui.core.state import Died, PhaseChanged, Ready, Stalled, State
+from tui.core.slurm import expand_nodes, scheduler_end
+from tui.core.state import Died, LinesAdded, PhaseChanged, Ready, Stalled, State
 from tui.core.status import status_line, timeline_rows, view_of
 from tui.remote import launcher
+from tui.remote import slurm as remote_slurm
+from tui.remote.session import LocalSession
 from tui.supervise.events import (
     GpusSeen,
     JobAllocated,
@@ -248,13 +250,51 @@ async def test_scancel_from_outside_is_cancelled(tmp_path: Path, cluster: Cluste
         subprocess.run(["scancel", jobs[0]], env=cluster.env, check=True)
         died = await next_event(events, Died, 30)
         assert died.death.ended_by is not None, died.death
-        assert died.death.ended_by.startswith(f"CANCELLED: job {jobs[0]} was cancelled")
+        # who: sacct's `CANCELLED by UID`; the lane keeps no accounting (no slurmdbd), and
+        # scontrol never says who, so the words say that much
+        assert re.fullmatch(rf"CANCELLED: job {jobs[0]} was cancelled \(scancel\), "
+                            r"(\d+ min )?\d+ s after READY; this cluster keeps no accounting "
+                            "to say by whom", died.death.ended_by), died.death
         ended = await next_event(events, JobEnded, 30)
-        assert ended.end.state == "CANCELLED"
+        assert (ended.end.state, ended.end.accounting, ended.end.cancelled_by) == (
+            "CANCELLED", False, None)
         assert scontrol(jobs[0], cluster)["JobState"] == "CANCELLED"
     finally:
         await sup.close()
     await _gone(sup.run.run_id)
+
+
+async def test_a_job_over_its_memory_ends_out_of_memory_in_words(
+        tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
+    """The lane's nodes enforce a job's memory with cgroups (task/cgroup, CR_CPU_Memory): a job
+    whose process takes 400 MB under --mem=100M is killed by the kernel at the limit, and the
+    scheduler's record, read as the supervisor reads it, says OUT_OF_MEMORY with the limit in
+    words. (By hand, not the simulated server: the kernel kills the largest process of the
+    job, and where that is the job script's own agent, the server it started outlives the job
+    under proctrack/linuxproc.)"""
+    job_id = subprocess.run(
+        ["sbatch", "--parsable", "--mem=100M", "--time=1", f"--output={tmp_path}/oom-%j.out",
+         "--wrap", f"{sys.executable} -c 'b = bytearray(400 << 20)'"],
+        env=cluster.env, capture_output=True, text=True, check=True).stdout.strip()
+    jobs.append(job_id)
+    login = LocalSession()
+
+    async def ended() -> Any:
+        job = await remote_slurm.show_job(login, job_id)
+        return job if job is not None and job.ended else None
+
+    job = None
+    deadline = time.monotonic() + 30
+    while job is None and time.monotonic() < deadline:
+        job = await ended()
+        await asyncio.sleep(0.5)
+    assert job is not None, scontrol(job_id, cluster)
+    end = scheduler_end(job)
+    assert end is not None and (end.state, end.memory) == ("OUT_OF_MEMORY", "100M")
+    assert end.words() == (f"OUT_OF_MEMORY: the job's memory limit (100M) was reached on "
+                           f"{job.node}: the kernel's cgroup OOM killer ended its processes")
+    output = Path(tmp_path / f"oom-{job_id}.out").read_text()
+    assert f"Detected 1 oom-kill event(s) in StepId={job_id}.batch" in output, output
 
 
 async def test_second_job_waits_queued_for_resources_then_ready(
@@ -389,31 +429,92 @@ async def test_slurmd_killed_is_node_fail_naming_the_node(tmp_path: Path, cluste
             cluster.wait_idle(60)  # ReturnToService=2: the node is back once it registers
 
 
-async def test_preempted_by_a_higher_priority_partition_is_requeued_in_words(
+async def test_preempted_and_requeued_the_run_is_followed_to_ready_on_its_next_allocation(
         tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
-    """A job of the higher-PriorityTier partition takes every node: the run's job is preempted
-    and requeued (PreemptMode=REQUEUE); the verdict is the scheduler's REQUEUED, naming the
-    node, never a crash."""
-    sup = Supervisor(load_profile(slurm_profile(tmp_path)))
+    """One job, READY; a job of the higher-PriorityTier partition takes its node: the scheduler
+    preempts the run's job and requeues it (PreemptMode=REQUEUE: same id, Restarts 1). The
+    first allocation's death is PREEMPTED in words, never a crash; the run is followed: the
+    queue again ("preempted (requeued): job J back in the queue (...)"), allocated on another
+    node, the job script's agent starting the server again there, READY again, its log resumed
+    (each line of server.log seen once, in order, the first allocation's and the second's);
+    the history keeps the preemption. `wait --until dead`, run from another process beside,
+    follows the run across the requeue and goes on waiting."""
+    history = History(tmp_path / "history.sqlite3")
+    profile = slurm_profile(tmp_path)
+    sup = Supervisor(load_profile(profile), history=history)
     events = sup.subscribe()
+    seen: list[Any] = []
+    waiting: subprocess.Popen[str] | None = None
     try:
         await _ready(sup, jobs)
-        assert sup.job is not None
-        node = sup.job.node
+        assert sup.job is not None and sup.run is not None
+        node, run_id, pid = sup.job.node, sup.run.run_id, sup.run.pid
+        out = tmp_path / "wait.out"
+        with out.open("w") as sink:
+            waiting = subprocess.Popen([sys.executable, "-m", "tui", "wait", str(profile),
+                                        "--until", "dead"], stdout=sink,
+                                       stderr=subprocess.STDOUT, text=True,
+                                       env={**os.environ, "COLUMNS": "200"})
+        await async_wait_for(lambda: "READY after" in out.read_text(), 60, "wait at READY")
         urgent = subprocess.run(
-            ["sbatch", "--parsable", "--partition=urgent", f"--nodes={len(cluster.nodes)}",
-             "--exclusive", "--time=2", f"--output={tmp_path}/urgent-%j.out", "--wrap",
-             "sleep 20"], env=cluster.env, capture_output=True, text=True,
-            check=True).stdout.strip()
+            ["sbatch", "--parsable", "--partition=urgent", f"--nodelist={node}", "--exclusive",
+             "--time=2", f"--output={tmp_path}/urgent-%j.out", "--wrap", "sleep 120"],
+            env=cluster.env, capture_output=True, text=True, check=True).stdout.strip()
         jobs.append(urgent)
-        died = await next_event(events, Died, 60)
-        assert (died.death.ended_by or "").startswith(
-            f"REQUEUED: the scheduler took job {jobs[0]} off {node} and put it back in the "
-            "queue"), died.death
-        ended = await next_event(events, JobEnded, 30)
-        assert ended.end.state == "REQUEUED"
-        assert int(scontrol(jobs[0], cluster)["Restarts"]) >= 1
+        preempted_at = time.monotonic()
+        died = await until_event(events, lambda e: isinstance(e, Died), 60, "the death", seen)
+        words = died.death.ended_by or ""
+        assert re.fullmatch(rf"PREEMPTED: preempted by a higher-priority job on {node} after "
+                            rf"(\d+ min )?\d+ s of serving; requeued \(job {jobs[0]} back in "
+                            r"the queue\)", words), died.death
+        assert "not a crash" in death_lines(died.death)[1]
+        assert died.death in sup.job.requeued  # `wait` goes on past it (tui/cli/follow.py)
+        ended = await until_event(events, lambda e: isinstance(e, JobEnded), 30, "the end", seen)
+        assert (ended.end.state, ended.end.requeued) == ("PREEMPTED", True)
+        queued = await until_event(events, lambda e: isinstance(e, PhaseChanged)
+                                   and e.phase is Phase.QUEUED, 30, "the queue again", seen)
+        assert (queued.detail or "").startswith(
+            f"preempted (requeued): job {jobs[0]} back in the queue ("), queued
+        allocated = await until_event(events, lambda e: isinstance(e, JobAllocated), 60,
+                                      "the next allocation", seen)
+        assert allocated.job.node not in (None, node) and allocated.job.restarts == 1
+        await until_event(events, lambda e: isinstance(e, Ready), 90, "READY again", seen)
+        record_figure("preempted -> READY again on its next allocation (s)",
+                      round(time.monotonic() - preempted_at, 1))
+        assert (sup.run.run_id, sup.job.node) == (run_id, allocated.job.node)
+        assert sup.run.pid != pid and sup.machine.state is State.READY
+        fields = scontrol(jobs[0], cluster)
+        assert (fields["JobState"], fields["Restarts"]) == ("RUNNING", "1")
+        assert fields["NodeList"] == allocated.job.node
+        log = (Path(sup.run.run_dir) / "server.log").read_text().splitlines()
+        got = [raw for e in seen if isinstance(e, LinesAdded) for raw in e.chunk.raws]
+        assert got == log[:len(got)], "each line once, in order, across the two allocations"
+        again = (f"specconsole: job {jobs[0]} requeued (restart 1): the server starts again on "
+                 f"{allocated.job.node}")
+        assert got.count(again) == 1 and got.index(again) > 0
+        output = Path(sup.job.output or "").read_text()
+        assert re.search(rf"\*\*\* JOB {jobs[0]} ON {node} CANCELLED AT \S+ DUE TO PREEMPTION",
+                         output), output
+        recorded = history.get(run_id)
+        assert recorded is not None and recorded.outcome == "ready"
+        assert recorded.nodes == (node, allocated.job.node), recorded
+        assert (recorded.job_end or "").startswith("PREEMPTED: preempted by a higher-priority "
+                                                   f"job on {node}"), recorded
+        assert not any(isinstance(e, Stalled) for e in seen)
+        await async_wait_for(lambda: out.read_text().count("READY after") == 2, 30,
+                             "wait at READY again")
+        said = out.read_text()
+        assert waiting.poll() is None, said  # still waiting, past the preemption
+        assert f"PREEMPTED: preempted by a higher-priority job on {node} after" in said, said
+        assert (f"phase: queued (preempted (requeued): job {jobs[0]} back in the queue ("
+                in said), said
+        assert f"job {jobs[0]} allocated on {allocated.job.node}" in said, said
     finally:
+        if waiting is not None:
+            waiting.terminate()
+            waiting.wait(10)
+        if sup.run is not None and sup.job is not None and sup.job.end is None:
+            await sup.kill(2.0)
         await sup.close()
     await _gone(sup.run.run_id)
 
@@ -606,10 +707,17 @@ async def test_a_two_node_job_a_member_per_node_kill_then_a_worker_killed_on_the
                                          "its GPUs"), failed.words()
         record_figure("two-node job: worker SIGKILL on the second node -> DEAD (ms)",
                       round(after * 1000, 1))
-        await asyncio.sleep(1.0)  # the exit status comes after the death: its root cause
-        found = group.death()
+        # the exit status comes after the death (its root cause): within 10 s on a busy machine
+        asked, found = time.monotonic(), group.death()
+        while found is not None and time.monotonic() - asked < 10 and not death_lines(
+                found[1])[1].startswith("root cause: killed by SIGKILL"):
+            await asyncio.sleep(0.1)
+            found = group.death()
         assert found is not None and found[0].host == nodes[1]
-        assert death_lines(found[1])[1].startswith("root cause: killed by SIGKILL"), found
+        assert death_lines(found[1])[1].startswith("root cause: killed by SIGKILL"), (
+            found, f"{time.monotonic() - asked:.1f} s after the death")
+        record_figure("two-node job: the death's root cause after it (s)",
+                      round(time.monotonic() - asked, 2))
         ended = await until_event(events, _of("server", JobEnded), 30, "the job's end", seen)
         assert ended.event.end.state in ("COMPLETED", "FAILED"), ended.event
     finally:

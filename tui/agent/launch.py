@@ -55,11 +55,13 @@ def cmd_launch(spec: dict) -> int:
     # made beforehand with the job script in it (a Slurm launch), still without a launch
     prepared = spec_value(spec, "prepared", bool, False)
     hold = spec_value(spec, "hold", bool, False)
+    restart = requeued_count() if hold else 0
     try:
         os.makedirs(runs_dir, mode=0o700, exist_ok=True)
         os.mkdir(run_dir, 0o700)
     except FileExistsError:
-        if not prepared or os.path.exists(os.path.join(run_dir, "launch.json")):
+        if not prepared or (os.path.exists(os.path.join(run_dir, "launch.json"))
+                            and not restart):
             raise AgentFailure("run_exists", f"{run_dir} already exists") from None
     except OSError as exc:
         raise AgentFailure("run_dir", f"cannot create {run_dir}: {exc.strerror or exc} — "
@@ -75,6 +77,8 @@ def cmd_launch(spec: dict) -> int:
             "container": box.record() if box is not None else None,
         })
         log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        if restart:
+            _allocation_again(run_dir, log_fd, restart)
     except OSError as exc:  # a full disk: no half-made run is left behind
         if not prepared:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -192,6 +196,28 @@ def _hold_server(run_dir: str, info: dict) -> int:
         time.sleep(HOLD_POLL_S)
 
 
+def requeued_count() -> int:
+    """How many times the scheduler requeued this job (Slurm sets SLURM_RESTART_COUNT in a
+    requeued batch job's environment); 0 on its first allocation."""
+    count = os.environ.get("SLURM_RESTART_COUNT", "0")
+    return int(count) if count.isdigit() else 0
+
+
+def _allocation_again(run_dir: str, log_fd: int, restart: int) -> None:
+    """A requeued job's script runs again with the same run: the last allocation's pid and exit
+    are kept aside (pid.N, exit.N.json), so the run's pid and end are the new server's, and
+    server.log goes on from where it was (one line says so) for the console that follows the
+    run across its allocations, resuming at its byte offset."""
+    for name in ("pid", "exit.json"):
+        path = os.path.join(run_dir, name)
+        stem, dot, ext = name.partition(".")
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(path, os.path.join(run_dir, f"{stem}.{restart - 1}{dot}{ext}"))
+    job = os.environ.get("SLURM_JOB_ID", "?")
+    os.write(log_fd, f"specconsole: job {job} requeued (restart {restart}): the server starts "
+                     f"again on {os.uname().nodename}\n".encode())
+
+
 def _runs_dir_fix(exc: OSError) -> str:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return "free space on that disk, or set host.runs_dir to a directory with room"
@@ -244,6 +270,7 @@ def _become_monitor(run_dir: str, log_fd: int, argv: list[str], env: dict, cwd: 
     write_json_atomic(pid_path, {
         "pid": server.pid, "pgid": server.pid, "monitor_pid": os.getpid(),
         "sid": os.getsid(0), "start_ticks": st.start_ticks if st is not None else None,
+        "restart": requeued_count(),  # the job's allocation this server runs in
     })
     rc = server.wait()
     write_json_atomic(exit_path, {

@@ -18,7 +18,7 @@ def run_row(run: Run) -> dict:
         pid = run.monitor_pid                       # to its end (exit.json says why)
     row = {"run_id": run.run_id, "profile_key": run.launch.get("profile_key"),
            "run_dir": run.dir, "started": run.launch.get("started"),
-           "pid": pid,
+           "pid": pid, "restart": run.pidinfo.get("restart", 0),
            "alive": run.top_alive() or starting is not None, "exit": run.exit_info(),
            "served": run.launch.get("served")}
     if isinstance(run.launch.get("attached"), dict):

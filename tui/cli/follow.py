@@ -107,7 +107,10 @@ class OneHost:
         return Seen(event, self.sup.machine.state.value)
 
     def is_death(self, event: object) -> bool:
-        return isinstance(event, Died)
+        """A death, unless its job was requeued: the run is followed to its next allocation
+        (the preemption is said as a line; `wait` goes on to READY there)."""
+        job = self.sup.job
+        return isinstance(event, Died) and not (job is not None and event.death in job.requeued)
 
     def death(self) -> tuple[Seen, Death] | None:
         death = self.sup.machine.death

@@ -288,6 +288,7 @@ class RunRecord:
     served: Served | None = None
     # a server specconsole did not launch: what was attached (tui.core.attach.attached_words)
     attached: AttachedFacts | None = None
+    restart: int = 0  # a Slurm job's requeues when its server started (the agent's pid file)
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> RunRecord:
@@ -298,7 +299,8 @@ class RunRecord:
                    exit=_run_exit(ended) if isinstance(ended, dict) and ended else None,
                    served=_served(d.get("served")),
                    attached=AttachedFacts.from_wire(d["attached"])
-                   if isinstance(d.get("attached"), dict) else None)
+                   if isinstance(d.get("attached"), dict) else None,
+                   restart=d["restart"] if isinstance(d.get("restart"), int) else 0)
 
 
 @dataclass(frozen=True, slots=True)

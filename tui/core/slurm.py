@@ -12,7 +12,7 @@ import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from tui.core.profile import Profile, SlurmConfig, slurm_time_seconds
@@ -29,7 +29,8 @@ END_STATES = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEM
               "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 # The scheduler's ends that are its own doing: the processes it killed are its victims.
 # REQUEUED: not a state of its own (the job is PENDING again, its Restarts counted up): the
-# allocation the run had ended with a node's failure or a preemption (PreemptMode=REQUEUE)
+# allocation the run had ended with a node's failure or a preemption (PreemptMode=REQUEUE); a
+# preemption witnessed (the job output's slurmstepd line) is said as PREEMPTED, requeued
 SCHEDULER_ENDS = ("CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
                   "REQUEUED")
 
@@ -38,9 +39,11 @@ def sbatch_options(profile: Profile, run_dir: str) -> list[str]:
     """The job's sbatch options from [slurm], one `--name=value` word each, in the order the
     table lists them; its output goes to the run directory (JOB_OUTPUT)."""
     config = _config(profile)
+    # the output appended to, not truncated, when a requeued job starts again: the first
+    # allocation's end (slurmstepd's `CANCELLED ... DUE TO PREEMPTION`) stays in it
     options = [f"--job-name={config.job_name or profile.name}",
-               f"--output={run_dir}/{JOB_OUTPUT}", f"--nodes={config.nodes}",
-               "--ntasks-per-node=1"]
+               f"--output={run_dir}/{JOB_OUTPUT}", "--open-mode=append",
+               f"--nodes={config.nodes}", "--ntasks-per-node=1"]
     for key in ("partition", "account", "qos", "time", "gres", "constraint"):
         value = getattr(config, key)
         if value is not None:
@@ -119,6 +122,13 @@ def queue_argv(job_id: str) -> list[str]:
 
 def cancel_argv(job_id: str) -> list[str]:
     return ["scancel", job_id]
+
+
+def sacct_argv(job_id: str) -> list[str]:
+    """The job's own line (-X: no steps) in the accounting: its state, `CANCELLED by UID`
+    when someone cancelled it (the one place Slurm keeps who)."""
+    return ["sacct", "-X", "--noheader", "--parsable2", f"--jobs={job_id}",
+            "--format=JobID,State"]
 
 
 def step_argv(job_id: str, node: str, argv: Sequence[str]) -> list[str]:
@@ -208,6 +218,7 @@ class Job:
     partition: str
     restarts: int  # requeues
     user: str
+    memory: str | None = None  # the job's memory (TRES mem=, e.g. 100M): its cgroup's limit
 
     @property
     def ended(self) -> bool:
@@ -246,7 +257,17 @@ def parse_job(text: str) -> Job:
                start_time=_when(fields.get("StartTime")), end_time=_when(fields.get("EndTime")),
                partition=fields.get("Partition", ""),
                restarts=int(fields.get("Restarts", "0") or 0),
-               user=fields.get("UserId", "").split("(", 1)[0])
+               user=fields.get("UserId", "").split("(", 1)[0],
+               memory=_tres(fields.get("TRES", ""), "mem"))
+
+
+def _tres(text: str, name: str) -> str | None:
+    """One resource of a TRES list (`cpu=1,mem=100M,node=1`)."""
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        if key == name and value:
+            return value
+    return None
 
 
 def _limit(text: str) -> int | None:
@@ -481,6 +502,10 @@ class SchedulerEnd:
     exit_signal: int | None
     reason: str
     nodes: tuple[str, ...] = ()  # all of the job's, when it had several
+    requeued: bool = False  # the job is back in the queue: its script runs again
+    cancelled_by: str | None = None  # `user alice (uid 1234)`, as the accounting says
+    accounting: bool | None = None  # False: the cluster keeps none (sacct says so)
+    memory: str | None = None  # the job's memory limit (OUT_OF_MEMORY)
 
     @property
     def schedulers_doing(self) -> bool:
@@ -497,17 +522,26 @@ class SchedulerEnd:
             limit = (f"{duration_words(self.time_limit_s)} " if self.time_limit_s else "")
             return f"TIMEOUT: the job's {limit}time limit ended it{after}"
         if self.state == "CANCELLED":
-            return f"CANCELLED: job {self.job_id} was cancelled (scancel){after}"
+            by = f" by {self.cancelled_by}" if self.cancelled_by else ""
+            unknown = ("; this cluster keeps no accounting to say by whom"
+                       if self.accounting is False else "")
+            return f"CANCELLED: job {self.job_id} was cancelled{by} (scancel){after}{unknown}"
         if self.state == "NODE_FAIL":
             return f"NODE_FAIL: the scheduler lost node {self.node or '?'}{of}{after}"
+        if self.state == "PREEMPTED" and self.requeued:
+            served = (f" after {duration_words(ready_for_s)} of serving"
+                      if ready_for_s is not None else " before READY")
+            return (f"PREEMPTED: preempted by a higher-priority job{on}{served}; requeued "
+                    f"(job {self.job_id} back in the queue)")
         if self.state == "PREEMPTED":
             return f"PREEMPTED: a job of a higher priority took its node{on}{after}"
         if self.state == "OUT_OF_MEMORY":
-            return f"OUT_OF_MEMORY: the job's memory limit killed it{on}{after}"
+            limit = f" ({self.memory})" if self.memory else ""
+            return (f"OUT_OF_MEMORY: the job's memory limit{limit} was reached{on}: the "
+                    f"kernel's cgroup OOM killer ended its processes{after}")
         if self.state == "REQUEUED":
             return (f"REQUEUED: the scheduler took job {self.job_id} off {self.node or '?'} and "
-                    f"put it back in the queue (a node's failure or a preemption){after}; "
-                    "the requeued job is not followed")
+                    f"put it back in the queue (a node's failure or a preemption){after}")
         if self.state == "BOOT_FAIL":
             return f"BOOT_FAIL: node {self.node or '?'} failed to boot for the job"
         if self.state == "DEADLINE":
@@ -524,17 +558,72 @@ def scheduler_end(job: Job) -> SchedulerEnd | None:
     if not job.ended:
         return None
     return SchedulerEnd(job.state, job.job_id, job.node, job.time_limit_s, job.exit_code,
-                        job.exit_signal, job.reason, job.nodes)
+                        job.exit_signal, job.reason, job.nodes, memory=job.memory)
 
 
 def allocation_end(job: Job, restarts: int, node: str | None) -> SchedulerEnd | None:
     """The end of the allocation a run had on `node` (the job's Restarts were `restarts`
-    then): the job's end, or its requeue (back in the queue, Restarts counted up), else None."""
+    then): the job's end, or its requeue (Restarts counted up: back in the queue, or already
+    running again elsewhere), else None."""
     end = scheduler_end(job)
     if end is not None or (job.restarts <= restarts and not job.pending):
         return end
     return SchedulerEnd("REQUEUED", job.job_id, node, job.time_limit_s, None, None, job.reason,
-                        job.nodes)
+                        job.nodes, requeued=True)
+
+
+_STEPD_CANCEL = re.compile(r"\*\*\* JOB (\d+) ON (\S+) CANCELLED AT (\S+)(?: DUE TO (.+?))? \*\*\*")
+
+
+def preemption_seen(end: SchedulerEnd, output: str) -> SchedulerEnd:
+    """A requeue told as what it was: the job output's last slurmstepd line for the job says
+    `*** JOB J ON NODE CANCELLED AT T DUE TO PREEMPTION ***` for the node the run had (the
+    lane's Slurm 22.05 writes it when the scheduler preempts the job); else it stays REQUEUED
+    (a node's failure writes no such line)."""
+    said = [m for m in _STEPD_CANCEL.finditer(output) if m.group(1) == end.job_id]
+    if end.requeued and said and said[-1].group(2) == end.node \
+            and said[-1].group(4) == "PREEMPTION":
+        return replace(end, state="PREEMPTED")
+    return end
+
+
+def requeue_detail(end: SchedulerEnd, queued: Queued) -> str:
+    """The queued phase's words after a requeue: `preempted (requeued): job 494583 back in the
+    queue (BeginTime: ...)`."""
+    what = "preempted (requeued)" if end.state == "PREEMPTED" else "requeued"
+    start = f" · expected start {queued.start}" if queued.start else ""
+    return (f"{what}: job {queued.job_id} back in the queue "
+            f"({pending_words(queued.reason)}){start}")
+
+
+@dataclass(frozen=True, slots=True)
+class Accounted:
+    """The job's line in the accounting (sacct_argv): its state and who cancelled it."""
+
+    state: str
+    by_uid: int | None  # `CANCELLED by 1234`
+
+
+_SACCT_STATE = re.compile(r"^([A-Z_]+)(?: by (\d+))?$")
+
+
+def parse_sacct(text: str, job_id: str) -> Accounted | None:
+    """sacct_argv's answer: `494583|CANCELLED by 1234` (sacct prints a cancelled job's state
+    as `"%s by %u"` with the requester's uid: SchedMD/slurm src/sacct/print.c, PRINT_STATE);
+    None when the job has no line."""
+    for line in text.splitlines():
+        jid, _, state = line.strip().partition("|")
+        match = _SACCT_STATE.match(state.strip())
+        if jid == job_id and match is not None:
+            uid = match.group(2)
+            return Accounted(match.group(1), int(uid) if uid is not None else None)
+    return None
+
+
+def no_accounting(stderr: str) -> bool:
+    """sacct on a cluster that keeps no accounting (AccountingStorageType=
+    accounting_storage/none): `Slurm accounting storage is disabled`, exit 1."""
+    return "accounting storage is disabled" in stderr
 
 
 @dataclass(frozen=True, slots=True)
@@ -587,12 +676,15 @@ def end_verdict(end: SchedulerEnd, death: FirstDeath | None, ended_at: float | N
                 ready_for_s: float | None = None, margin_s: float = 2.0) -> str:
     """The run's verdict when its job is over: the scheduler's end, and a death the agent saw
     before the scheduler acted is the death's (a worker's own crash stays the worker's; the
-    job failing after it is its consequence). A death at or after a time limit, a scancel, a
-    preemption or a node's failure (within `margin_s` of `ended_at`) is the scheduler's doing,
-    never a crash."""
+    job failing after it is its consequence), except under the job's memory limit, whose
+    OOM killer acts while the job runs (OUT_OF_MEMORY). A death at or after a time limit, a
+    scancel, a preemption or a node's failure (within `margin_s` of `ended_at`) is the
+    scheduler's doing, never a crash."""
     said = end.words(ready_for_s)
     if death is None:
         return said
+    if end.state == "OUT_OF_MEMORY":  # the kernel killed it at the job's limit, whenever
+        return f"{said}; {death.process} was killed by it"
     before = ended_at is not None and death.at < ended_at - margin_s
     if end.schedulers_doing and not before:
         return f"{said}; {death.process} was ended by it"

@@ -231,6 +231,43 @@ async def show_job(session: Session, job_id: str) -> slurm.Job | None:
     return slurm.parse_job(done.stdout.decode("utf-8", "replace"))
 
 
+async def output_tail(session: Session, profile: Profile, path: str,
+                      size: int = 64 << 10) -> str:
+    """The last `size` bytes of the job's output file (slurmstepd's lines end it); "" when it
+    cannot be read."""
+    done = await session.run([host_python(profile), "-c", _TAIL, path, str(size)], timeout=30)
+    return done.stdout.decode("utf-8", "replace") if done.returncode == 0 else ""
+
+
+_TAIL = ("import os,sys;f=open(sys.argv[1],'rb');f.seek(0,2);n=f.tell();"
+         "f.seek(max(0,n-int(sys.argv[2])));sys.stdout.buffer.write(f.read())")
+_USER = "import pwd,sys;print(pwd.getpwuid(int(sys.argv[1])).pw_name)"
+
+
+@dataclass(frozen=True, slots=True)
+class CancelledBy:
+    """Who cancelled a job, as far as the cluster keeps it: `user alice (uid 1234)`, or None;
+    `accounting` False when the cluster keeps no accounting at all."""
+
+    who: str | None
+    accounting: bool
+
+
+async def cancelled_by(session: Session, profile: Profile, job_id: str) -> CancelledBy:
+    """sacct's word on who cancelled the job (`CANCELLED by UID`), the uid named by the login
+    node's user database; scontrol never says who."""
+    done = await session.run(slurm.sacct_argv(job_id), timeout=30)
+    if done.returncode != 0:
+        return CancelledBy(None, not slurm.no_accounting(done.stderr_text()))
+    line = slurm.parse_sacct(done.stdout.decode("utf-8", "replace"), job_id)
+    if line is None or line.by_uid is None:
+        return CancelledBy(None, True)
+    name = await session.run([host_python(profile), "-c", _USER, str(line.by_uid)], timeout=30)
+    user = name.stdout.decode("utf-8", "replace").strip() if name.returncode == 0 else ""
+    who = f"user {user} (uid {line.by_uid})" if user else f"uid {line.by_uid}"
+    return CancelledBy(who, True)
+
+
 async def queued(session: Session, job_id: str) -> slurm.Queued | None:
     done = await session.run(slurm.queue_argv(job_id), timeout=30)
     return slurm.parse_queue(done.stdout.decode("utf-8", "replace"))

@@ -8,25 +8,27 @@ ended) are in tui.supervise.events.
 
 The supervisor (supervise.supervisor) calls JobFollow where a job's run differs from a bare
 run; JobFollow sets the run's fields on it (job, session, run) and speaks through its events.
-The commands are tui.remote.slurm's.
+What it needs of the supervisor is named here (JobSupervisor), so that this module does not
+import the supervisor's. The commands are tui.remote.slurm's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
-from dataclasses import dataclass, replace
+import posixpath
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
 from tui.core import slurm
 from tui.core.command import secret_checks, served_by
 from tui.core.errors import JobNeverStarts, RunNotFound, SpecconsoleError
 from tui.core.profile import Profile, SlurmConfig
-from tui.core.protocol import Check, Killed, RunRecord
+from tui.core.protocol import Check, Killed, KillStep, RunRecord
 from tui.core.specconfig import speculative_checks
-from tui.core.state import Died
+from tui.core.state import Death, Died, LaunchMachine
 from tui.remote import launcher
 from tui.remote import slurm as remote_slurm
 from tui.remote.interface import Session
@@ -40,10 +42,8 @@ from tui.supervise.events import (
     KillProgress,
     Notice,
     RunInfo,
+    SupervisorEvent,
 )
-
-if TYPE_CHECKING:
-    from tui.supervise.supervisor import Supervisor
 
 JOB_POLL_S = 2.0  # how often a running job is asked after (scontrol show job)
 RUN_RECORD_S = 120.0  # a job's run: from the allocation to the agent's launch in the job
@@ -65,6 +65,10 @@ class JobRun:
     # a member of a several-node job (supervise.group): the job's directory, where the
     # member's launch is asked of the agent waiting on its node
     job_dir: str | None = None
+    # the deaths of allocations the scheduler requeued: the run is followed past them
+    requeued: list[Death] = field(default_factory=list)
+    verdicts: list[str] = field(default_factory=list)  # each allocation's end, for the history
+    allocations: tuple[str, ...] = ()  # the nodes it ran on, across requeues (the history)
 
     def seen(self, job: slurm.Job, now: float) -> None:
         """The job's latest record, asked at `now` (the supervisor's clock)."""
@@ -79,6 +83,36 @@ class JobRun:
                                       "forgotten by the scheduler")
         return slurm.allocation_end(job, self.restarts, self.node)
 
+    def told(self, verdict: str) -> str:
+        """The history's end of the job: each allocation's, in order."""
+        self.verdicts.append(verdict)
+        return "; then ".join(self.verdicts)
+
+    @property
+    def output(self) -> str | None:
+        """The job's output file, beside its script (slurm.JOB_OUTPUT)."""
+        if self.script is None:
+            return None
+        return posixpath.join(posixpath.dirname(self.script),
+                              slurm.JOB_OUTPUT.replace("%j", self.job_id))
+
+
+async def told_end(login: Session, profile: Profile, run: JobRun,
+                   job: slurm.Job | None) -> slurm.SchedulerEnd | None:
+    """The end of the run's allocation (JobRun.end_of) with what the cluster says beyond
+    scontrol: a requeue's cause from the job's output (a preemption's slurmstepd line), who
+    cancelled it from the accounting (sacct, where it runs)."""
+    end = run.end_of(job)
+    if end is None:
+        return None
+    if end.requeued and run.output is not None:
+        return slurm.preemption_seen(end, await remote_slurm.output_tail(login, profile,
+                                                                         run.output))
+    if end.state == "CANCELLED":
+        by = await remote_slurm.cancelled_by(login, profile, run.job_id)
+        return replace(end, cancelled_by=by.who, accounting=by.accounting)
+    return end
+
 
 async def job_checks(session: Session, profile: Profile) -> tuple[Check, ...]:
     """The preflight of a job: the scheduler's answer to sbatch --test-only (the partition,
@@ -90,10 +124,38 @@ async def job_checks(session: Session, profile: Profile) -> tuple[Check, ...]:
     return (check, *speculative_checks(profile), *secret_checks(profile))
 
 
+class JobSupervisor(Protocol):
+    """What JobFollow needs of its supervisor (supervise.supervisor.Supervisor): the run's
+    fields it sets (job, session, run, machine), the sessions, and how the run is told (its
+    events, its history row, its watch begun and stopped)."""
+
+    profile: Profile
+    environ: Mapping[str, str]
+    clock: Callable[[], float]
+    job: JobRun | None
+    login: Session | None  # the login node's own session
+    session: Session | None  # the job's node, as a step of the job, once allocated
+    run: RunInfo | None
+    machine: LaunchMachine
+    ready_at: float | None  # when the run was last READY (the supervisor's clock)
+    last_kill_steps: list[KillStep]
+
+    async def connect(self) -> Session: ...
+    async def login_session(self) -> Session: ...
+    async def run_preflight(self) -> tuple[Check, ...]: ...
+    def new_machine(self, engine: str | None = None) -> LaunchMachine: ...
+    def emit(self, events: Sequence[SupervisorEvent]) -> None: ...
+    def record(self, stopped: bool = False, **fields: object) -> None: ...
+    def remember_launch(self, plan: launcher.LaunchPlan, now: float) -> None: ...
+    def begin(self, now: float, resume_log: bool = False) -> None: ...
+    def stop_watching(self) -> None: ...
+    def mark_killing(self) -> None: ...
+
+
 class JobFollow:
     """The Slurm half of a Supervisor: what its run does differently as a job."""
 
-    def __init__(self, sup: Supervisor) -> None:
+    def __init__(self, sup: JobSupervisor) -> None:
         self.sup = sup
 
     async def launch_job(self, skip_preflight: bool) -> RunInfo:
@@ -136,14 +198,14 @@ class JobFollow:
         submitted_at = sup.clock()
         sub = await submitting
         sup.job = JobRun(sub.job_id, sub.script)
-        sup._emit([JobSubmitted(sub.job_id, sub.script),
-                   Notice(f"submitted job {sub.job_id} ({sub.script})")])
+        sup.emit([JobSubmitted(sub.job_id, sub.script),
+                  Notice(f"submitted job {sub.job_id} ({sub.script})")])
 
         def queued(line: slurm.Queued) -> None:
             """The queue is the timeline's first phase (its PhaseChanged says the reason); a
             reason that cannot change by itself ends the wait (JobNeverStarts)."""
-            sup._emit([JobQueued(sub.job_id, line),
-                       *sup.machine.queued(slurm.queue_detail(line), sup.clock())])
+            sup.emit([JobQueued(sub.job_id, line),
+                      *sup.machine.queued(slurm.queue_detail(line), sup.clock())])
             if slurm.never_starts(line.reason):
                 raise JobNeverStarts(f"job {sub.job_id} can never start as it is "
                                      f"({slurm.pending_words(line.reason)})")
@@ -165,7 +227,7 @@ class JobFollow:
         allocated = JobAllocated(job, sup.clock() - submitted_at)
         sup.job.queued_s = allocated.waited_s
         sup.machine.allocated(allocated.words(), sup.clock())
-        sup._emit([allocated, Notice(allocated.words())])
+        sup.emit([allocated, Notice(allocated.words())])
         return sub, job
 
     async def started(self, plan: launcher.LaunchPlan) -> RunInfo:
@@ -175,19 +237,20 @@ class JobFollow:
         now = sup.clock()
         sup.run = RunInfo(record.run_id, record.run_dir, int(record.pid or 0), now,
                           attached=False, served=served_by(sup.profile))
-        sup._remember_launch(plan, now)
-        sup._begin(now)
+        sup.remember_launch(plan, now)
+        sup.begin(now)
         return sup.run
 
-    async def job_record(self, run_id: str) -> RunRecord:
+    async def job_record(self, run_id: str, restart: int = 0) -> RunRecord:
         """The run as the agent on the job's node sees it, once the job script's agent has
-        launched the server there."""
+        launched the server there (in the job's allocation after `restart` requeues)."""
         sup = self.sup
         assert sup.job is not None and sup.login is not None
         deadline = sup.clock() + RUN_RECORD_S
         while True:
             for record in await launcher.list_runs(await sup.connect(), sup.profile):
-                if record.run_id == run_id and record.pid is not None:
+                if (record.run_id == run_id and record.pid is not None
+                        and record.restart >= restart):
                     return record
             job = await remote_slurm.show_job(sup.login, sup.job.job_id)
             end = slurm.scheduler_end(job) if job is not None else None
@@ -275,7 +338,7 @@ class JobFollow:
             if (left is not None and left <= alert_before
                     and not sup.job.alerted):
                 sup.job.alerted = True
-                sup._emit([JobEnding(job.job_id, left)])  # the bell, tmux, on_ending, wait
+                sup.emit([JobEnding(job.job_id, left)])  # the bell, tmux, on_ending, wait
 
     async def job_gone(self) -> bool:
         """The watch of a job's run ended: True when the job is over (its steps end with it,
@@ -299,50 +362,121 @@ class JobFollow:
         assert sup.job is not None
         if sup.job.end is not None:
             return
-        end = await self.named(sup.job.end_of(job))
-        if end is None or sup.job.end is not None:
+        taken = sup.job.end = sup.job.end_of(job)  # taken: a second caller returns above
+        if taken is None:
             return
+        end = await self.told(job, taken)
         sup.job.end, sup.job.job = end, job or sup.job.job
-        for task in sup._tasks:
-            if task is not asyncio.current_task():
-                task.cancel()
+        sup.stop_watching()
         if isinstance(sup.session, remote_slurm.StepSession):
             sup.session = sup.login  # the job's steps are over
         now = sup.clock()
-        ready_for = now - sup._ready_at if sup._ready_at is not None else None
+        ready_for = now - sup.ready_at if sup.ready_at is not None else None
         death = sup.machine.death
         ended_at = (job.end_time.timestamp() if job is not None and job.end_time is not None
                     and job.ended else now)
         if end.schedulers_doing and (death is None or death.at >= ended_at - 2.0):
-            sup._emit(sup.machine.ended_by_scheduler(end.words(ready_for), now))
+            events = sup.machine.ended_by_scheduler(end.words(ready_for), now)
+            if end.requeued and sup.machine.death is not None:
+                sup.job.requeued.append(sup.machine.death)  # followed past it
+            sup.emit(events)
             death = sup.machine.death
         first = (slurm.FirstDeath(death.process, death.at)
                  if death is not None and death.ended_by is None else None)
         verdict = slurm.end_verdict(end, first, ended_at, ready_for)
-        sup._emit([JobEnded(end, verdict), Notice(f"job {sup.job.job_id}: {verdict}")])
+        sup.emit([JobEnded(end, verdict), Notice(f"job {sup.job.job_id}: {verdict}")])
+        if end.requeued and sup.job.script is not None and sup.job.job_dir is None:
+            await self.follow_requeue(end)  # its script starts the server again
 
-    async def died_in_job(self, events: list[Any]) -> None:
+    async def follow_requeue(self, end: slurm.SchedulerEnd) -> None:
+        """The scheduler requeued the run's job (same id, Restarts counted up) and the job script
+        starts the server again on its next allocation: followed there as the first was, with a
+        fresh launch machine (the queue again, `allocated on NODE`, READY) and the log resumed at
+        its byte offset. A job that ends or can never start before its server runs again leaves
+        the first allocation's death the run's, said with what followed (`wait` ends there)."""
+        sup = self.sup
+        job_run, login, run = sup.job, sup.login, sup.run
+        assert job_run is not None and login is not None and run is not None
+        first = sup.machine
+        sup.machine = sup.new_machine()
+        job_run.end, job_run.node, job_run.alerted, job_run.clock = None, None, False, None
+        sup.session, sup.ready_at = login, None
+        requeued_at = sup.clock()
+
+        def queued(line: slurm.Queued) -> None:
+            sup.emit([JobQueued(job_run.job_id, line),
+                      *sup.machine.queued(slurm.requeue_detail(end, line), sup.clock())])
+            if slurm.never_starts(line.reason):
+                raise JobNeverStarts(f"job {job_run.job_id} can never start as it is "
+                                     f"({slurm.pending_words(line.reason)})")
+
+        try:
+            job = await remote_slurm.wait_started(login, job_run.job_id, queued)
+            ended = slurm.scheduler_end(job)
+            if ended is not None:
+                raise SpecconsoleError(f"job {job_run.job_id} ended before it ran again: "
+                                       f"{ended.words()}")
+            job_run.node, job_run.restarts = job.node, job.restarts
+            job_run.seen(job, sup.clock())
+            allocated = JobAllocated(job, sup.clock() - requeued_at)
+            sup.machine.allocated(allocated.words(), sup.clock())
+            sup.emit([allocated, Notice(allocated.words())])
+            had = job_run.allocations or ((end.node,) if end.node else ())
+            job_run.allocations = tuple(dict.fromkeys((*had, *job.nodes)))
+            sup.record(nodes=job_run.allocations)
+            sup.session = remote_slurm.StepSession(login, job_run.job_id, str(job.node))
+            record = await self.job_record(run.run_id, job.restarts)
+        except (JobNeverStarts, SpecconsoleError) as exc:
+            cancel = isinstance(exc, JobNeverStarts)
+            if cancel:
+                await remote_slurm.cancel(login, job_run.job_id)
+            sup.machine, sup.session = first, login
+            job_run.end = replace(end, requeued=False)
+            after = f"{exc}: cancelled it (scancel {job_run.job_id})" if cancel else str(exc)
+            if first.death is not None:  # the run's death, now with its end
+                first.death = replace(first.death, ended_by=f"{first.death.ended_by}; then {after}")
+                sup.emit([Died(first.death)])
+            sup.emit([Notice(f"job {job_run.job_id}: {after}", "warning")])
+            return
+        sup.run = replace(run, pid=int(record.pid or 0), launched_at=sup.clock())
+        sup.begin(sup.clock(), resume_log=True)
+
+    async def died_in_job(self, events: Sequence[SupervisorEvent]) -> None:
         """A death in a job's run: the scheduler is asked first whether it ended the job (its
         state then is already TIMEOUT, CANCELLED, ...), so that the death is told as its doing
         from the start."""
         sup = self.sup
         assert sup.job is not None
         with contextlib.suppress(SpecconsoleError, asyncio.TimeoutError):
-            job = await asyncio.wait_for(
-                remote_slurm.show_job(await sup.login_session(), sup.job.job_id), 5.0)
-            end = await self.named(sup.job.end_of(job))
+            login = await sup.login_session()
+            job = await asyncio.wait_for(remote_slurm.show_job(login, sup.job.job_id), 5.0)
+            ended = sup.job.end_of(job)
+            end = (await asyncio.wait_for(self.told(job, ended), 5.0)
+                   if ended is not None else None)
             death = sup.machine.death
             if end is not None and end.schedulers_doing and death is not None:
-                ready_for = (death.at - sup._ready_at) if sup._ready_at is not None else None
+                ready_for = (death.at - sup.ready_at) if sup.ready_at is not None else None
                 sup.machine.death = replace(death, ended_by=end.words(ready_for))
+                if end.requeued:
+                    sup.job.requeued.append(sup.machine.death)  # followed past it
                 events = [Died(sup.machine.death) if isinstance(e, Died) else e
                           for e in events]
-        sup._emit(events)
+        sup.emit(events)
 
-    async def named(self, end: slurm.SchedulerEnd | None) -> slurm.SchedulerEnd | None:
+    async def told(self, job: slurm.Job | None, end: slurm.SchedulerEnd) -> slurm.SchedulerEnd:
+        """The allocation's `end` with what the cluster says beyond scontrol (told_end: a
+        requeue's cause, who cancelled) and, of several nodes, the one it lost (named); the
+        scontrol's end where the login node cannot say more."""
+        sup = self.sup
+        assert sup.job is not None
+        with contextlib.suppress(SpecconsoleError, OSError):
+            end = await told_end(await sup.login_session(), sup.profile, sup.job, job) or end
+        return await self.named(end)
+
+    async def named(self, end: slurm.SchedulerEnd) -> slurm.SchedulerEnd:
         """A several-node job lost to a node's failure: the node the scheduler lost (sinfo:
         not responding, or down), not the job's first."""
-        if end is None or end.state != "NODE_FAIL" or len(end.nodes) < 2:
+        if end.state != "NODE_FAIL" or len(end.nodes) < 2:
             return end
         with contextlib.suppress(SpecconsoleError):
             states = await remote_slurm.node_states(await self.sup.login_session(), end.nodes)
@@ -376,11 +510,11 @@ class JobFollow:
                                          sup.run.run_dir)
         steps, killed = await launcher.kill(
             await sup.connect(), sup.profile, sup.run.run_dir, grace,
-            on_step=lambda step: sup._emit([KillProgress(step)]))
+            on_step=lambda step: sup.emit([KillProgress(step)]))
         sup.last_kill_steps = steps
         if cancel:
             await self.cancel_job()
-        sup._emit([KillDone(killed), *sup.machine.stopped(sup.clock())])
+        sup.emit([KillDone(killed), *sup.machine.stopped(sup.clock())])
         return killed
 
     async def cancel_job(self) -> slurm.Job | None:
@@ -389,7 +523,7 @@ class JobFollow:
         assert sup.job is not None
         job_id = sup.job.job_id
         job = await remote_slurm.cancel(await sup.login_session(), job_id)
-        sup._emit([Notice(f"job {job_id} has left the queue ("
-                          f"{job.state if job is not None else 'forgotten'})")])
+        sup.emit([Notice(f"job {job_id} has left the queue ("
+                         f"{job.state if job is not None else 'forgotten'})")])
         await self.job_over(job)
         return job

@@ -161,7 +161,7 @@ class Supervisor:
         # every host), and the kill under way, for `wait` to report when it ends
         self.give_up: Callable[[], Awaitable[object]] = lambda: self.kill(self.kill_grace)
         self.giving_up: asyncio.Task[None] | None = None
-        self.machine = self._new_machine()
+        self.machine = self.new_machine()
         self.log_end = 0
         self.lost_gpus: set[int] = set()  # devices already said lost (once each)
         self._stall_stacks = False  # stacks were taken for the current stall
@@ -177,7 +177,7 @@ class Supervisor:
         # once allocated; `login` is the login node's own session)
         self.job: JobRun | None = None
         self.login: Session | None = None
-        self._ready_at: float | None = None
+        self.ready_at: float | None = None
         self.slurm = JobFollow(self)  # what a job's run does differently
 
     @property
@@ -186,7 +186,8 @@ class Supervisor:
         recorded = self.run.served if self.run is not None else None
         return recorded or served_by(self.profile)
 
-    def _new_machine(self, engine: str | None = None) -> LaunchMachine:
+    def new_machine(self, engine: str | None = None) -> LaunchMachine:
+        """A fresh launch machine for the next run (or a requeued job's next allocation)."""
         exp = self.profile.expect
         return LaunchMachine(engine=engine or self.profile.server.engine,
                              noise=noise_for(self.profile),
@@ -211,7 +212,8 @@ class Supervisor:
         with contextlib.suppress(ValueError):
             self._queues.remove(queue)
 
-    def _emit(self, events: list[Any] | tuple[Any, ...]) -> None:
+    def emit(self, events: Sequence[SupervisorEvent]) -> None:
+        """Tell the subscribers `events`, then react to them (history, hooks, smoke)."""
         for event in events:
             for queue in self._queues:
                 queue.put_nowait(event)
@@ -222,8 +224,8 @@ class Supervisor:
 
     def _react(self, event: object) -> None:
         if isinstance(event, Ready):
-            self._ready_at = self.clock()
-            self._record(outcome="ready", took=event.took)
+            self.ready_at = self.clock()
+            self.record(outcome="ready", took=event.took)
             self._note_survived()
             self._hook("ready", took=round(event.took, 1),
                        cause=f"ready after {duration(event.took)}")
@@ -231,18 +233,18 @@ class Supervisor:
                 self._spawn(self._smoke())
         elif isinstance(event, (Died, CauseUpdated)):
             death = event.death
-            self._record(outcome="dead", exit_code=death.code,
-                         cause=death.cause.line if death.cause else None, ended=death.at)
+            self.record(outcome="dead", exit_code=death.code,
+                        cause=death.cause.line if death.cause else None, ended=death.at)
             if isinstance(event, Died):
                 self._spawn(self._dead_hook())
         elif isinstance(event, Stalled):
-            self._record(outcome="stalled")
+            self.record(outcome="stalled")
             self._hook("stalled", cause=event.summary(), quiet_s=round(event.quiet_s))
             if self.profile.expect.stacks_on_stall and not self._stall_stacks:
                 self._stall_stacks = True  # once a stall: it is taken, or said why not
                 self._spawn(self._stacks_on_stall())
         elif isinstance(event, JobEnded):
-            self._record(job_end=event.verdict)
+            self.record(job_end=self.job.told(event.verdict) if self.job else event.verdict)
         elif isinstance(event, JobEnding):
             self._hook("ending", cause=event.words(), left_s=round(event.left_s),
                        job_id=event.job_id)
@@ -251,9 +253,9 @@ class Supervisor:
         elif isinstance(event, StateChanged) and event.previous is State.STALLED:
             self._stall_stacks = False
         elif isinstance(event, StateChanged) and event.state is State.STOPPED:
-            self._record(ended=event.at, stopped=True)
+            self.record(ended=event.at, stopped=True)
 
-    def _record(self, stopped: bool = False, **fields: Any) -> None:
+    def record(self, stopped: bool = False, **fields: Any) -> None:
         """Bring this run's history row up to date (a failing history is said once, then
         ignored: it never stops supervision)."""
         if self.history is None or self.run is None or self._history_failed:
@@ -278,8 +280,8 @@ class Supervisor:
             self.history.update(self.run.run_id, **fields)
         except (sqlite3.Error, OSError, LookupError) as exc:
             self._history_failed = True
-            self._emit([Notice(f"launch history not written ({self.history.path}): {exc}",
-                               "warning")])
+            self.emit([Notice(f"launch history not written ({self.history.path}): {exc}",
+                              "warning")])
 
     def _note_survived(self) -> None:
         """The errors this launch logged before READY: no later launch's cause while another
@@ -291,8 +293,8 @@ class Supervisor:
                                        self.machine.tracker.shapes(), self.clock())
         except (sqlite3.Error, OSError) as exc:
             self._history_failed = True
-            self._emit([Notice(f"launch history not written ({self.history.path}): {exc}",
-                               "warning")])
+            self.emit([Notice(f"launch history not written ({self.history.path}): {exc}",
+                              "warning")])
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
@@ -306,7 +308,7 @@ class Supervisor:
         try:
             await self.give_up()
         except (SpecconsoleError, OSError) as exc:
-            self._emit([Notice(f"not killed after the ready timeout: {exc}", "warning")])
+            self.emit([Notice(f"not killed after the ready timeout: {exc}", "warning")])
 
     def _hook(self, event: str, **fields: object) -> None:
         command = getattr(self.profile.alerts, f"on_{event}")
@@ -320,7 +322,7 @@ class Supervisor:
     async def _run_hook(self, event: str, command: str, env: dict[str, str]) -> None:
         error = await run_hook(command, env, self.profile.alerts.hook_timeout)
         if error is not None:
-            self._emit([Notice(f"hook on_{event} {error}", "warning")])
+            self.emit([Notice(f"hook on_{event} {error}", "warning")])
 
     async def _dead_hook(self) -> None:
         await asyncio.sleep(CAUSE_GRACE_S)  # late lines sharpen the cause; wait for them
@@ -342,14 +344,14 @@ class Supervisor:
         taken = StacksTaken(tuple(process_stacks(s.pid, m.name_of(s.pid, s.name), s.state,
                                                  s.text, s.error) for s in got),
                             done.path, why, self.clock())
-        self._emit([taken])
+        self.emit([taken])
         return taken
 
     async def _stacks_on_stall(self) -> None:
         try:
             await self.stacks(why="on stall")
         except (SpecconsoleError, OSError) as exc:
-            self._emit([Notice(f"no stacks on the stall: {exc}", "warning")])
+            self.emit([Notice(f"no stacks on the stall: {exc}", "warning")])
 
     async def _smoke(self) -> None:
         """One request after READY, from the GPU host: latency, tokens, the reply's first line;
@@ -370,9 +372,9 @@ class Supervisor:
             reply = await launcher.http(session, self.profile, path, body, smoke.timeout,
                                         port=port)
         except (SessionError, OSError, ValueError, KeyError, IndexError) as exc:
-            self._emit([SmokeDone(False, 0.0, None, "", f"the request could not be made: {exc}")])
+            self.emit([SmokeDone(False, 0.0, None, "", f"the request could not be made: {exc}")])
             return
-        self._emit([smoke_result(reply, smoke.kind)])
+        self.emit([smoke_result(reply, smoke.kind)])
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -403,21 +405,21 @@ class Supervisor:
     async def run_preflight(self) -> tuple[Check, ...]:
         """The agent's checks on the host; for a [slurm] profile, the scheduler's answer on
         the login node (the node is not known before the allocation: slurmjob.job_checks)."""
-        self._emit(self.machine.preflight(self.clock()))
+        self.emit(self.machine.preflight(self.clock()))
         if self.profile.slurm is not None:
             checks = await job_checks(await self.login_session(), self.profile)
         else:
             checks = await launcher.preflight(await self.connect(), self.profile)
         self.last_checks = checks
-        self._emit([PreflightDone(checks)])
+        self.emit([PreflightDone(checks)])
         failed = [c for c in checks if not c.ok and c.severity == "error"]
         if failed:
             self.machine.state = State.PENDING
             raise PreflightFailed("; ".join(f"{c.check}: {c.message}" for c in failed))
         for check in checks:
             if not check.ok:
-                self._emit([Notice(f"preflight warning — {check.check}: {check.message}",
-                                   "warning")])
+                self.emit([Notice(f"preflight warning — {check.check}: {check.message}",
+                                  "warning")])
         return checks
 
     def leftovers(self) -> tuple[Leftover, ...]:
@@ -440,14 +442,14 @@ class Supervisor:
         a Notice. The agent re-checks each one (same process, still holding GPU memory; the
         container still carrying the run id) right before signalling it."""
         pids = leftover_words(leftovers)
-        self._emit([Notice(f"killing leftovers of ended runs: {pids}")])
+        self.emit([Notice(f"killing leftovers of ended runs: {pids}")])
 
         def step(s: KillStep) -> None:
             if s.pids or s.step == "TERM":
                 what = {"SKIP": "not killed (no longer the process preflight saw, or no longer "
                                 "holding GPU memory)"}.get(s.step, "")
-                self._emit([Notice(f"leftovers {s.step}: {', '.join(map(str, s.pids)) or '—'}"
-                                   + (f" {what}" if what else ""))])
+                self.emit([Notice(f"leftovers {s.step}: {', '.join(map(str, s.pids)) or '—'}"
+                                  + (f" {what}" if what else ""))])
 
         _, killed = await launcher.kill_holders(await self.connect(), self.profile, leftovers,
                                                 grace, on_step=step)
@@ -456,7 +458,7 @@ class Supervisor:
             still = f"pids {', '.join(map(str, killed.remaining))} still alive; " \
                 if killed.remaining else ""
             raise PreflightFailed(f"leftovers not cleared: {still}{gpu}")
-        self._emit([Notice(f"leftovers gone ({pids}); {gpu}")])
+        self.emit([Notice(f"leftovers gone ({pids}); {gpu}")])
         return killed
 
     async def launch(self, skip_preflight: bool = False, kill_leftovers: bool = False,
@@ -483,8 +485,8 @@ class Supervisor:
         now = self.clock()
         self.run = RunInfo(launched.run_id, launched.run_dir, launched.pid, now, attached=False,
                            served=served_by(self.profile), pulling=launched.pulling)
-        self._remember_launch(plan, now)
-        self._begin(now)
+        self.remember_launch(plan, now)
+        self.begin(now)
         return self.run
 
 
@@ -494,7 +496,8 @@ class Supervisor:
 
 
 
-    def _remember_launch(self, plan: launcher.LaunchPlan, now: float) -> None:
+    def remember_launch(self, plan: launcher.LaunchPlan, now: float) -> None:
+        """The launch's row in the history (its command, its env names, its job), once it runs."""
         if self.history is None or self._history_failed:
             return
         args = tuple(redact(a, plan.secrets) for a in plan.argv)
@@ -509,8 +512,8 @@ class Supervisor:
                 queued=round(job.queued_s, 3) if job and job.queued_s is not None else None))
         except (sqlite3.Error, OSError) as exc:
             self._history_failed = True
-            self._emit([Notice(f"launch history not written ({self.history.path}): {exc}",
-                               "warning")])
+            self.emit([Notice(f"launch history not written ({self.history.path}): {exc}",
+                              "warning")])
 
     async def select(self, record: RunRecord | None = None) -> RunRecord:
         """Make a run (the profile's newest when none is given) this supervisor's, unwatched:
@@ -531,16 +534,16 @@ class Supervisor:
                            else whose + attached_words(record.attached, self.clock()))
         if record.served is not None and (changes := served_changes(record.served,
                                                                     self.profile)):
-            self._emit([Notice(f"run {record.run_id} was launched with {'; '.join(changes)}: "
-                               "following it as it was launched", "warning")])
+            self.emit([Notice(f"run {record.run_id} was launched with {'; '.join(changes)}: "
+                              "following it as it was launched", "warning")])
         return record
 
     async def attach(self, record: RunRecord | None = None) -> RunInfo:
         """Follow an existing run (the profile's newest when none is given) from its first line."""
         await self.select(record)
         if self.served.engine != self.machine.engine:  # the run's engine reads its log
-            self.machine = self._new_machine(self.served.engine)
-        self._begin(self.clock())
+            self.machine = self.new_machine(self.served.engine)
+        self.begin(self.clock())
         assert self.run is not None
         return self.run
 
@@ -566,12 +569,15 @@ class Supervisor:
                               "start one with `specconsole launch` or `wait --launch`")
         return await self.attach(latest)
 
-    def _begin(self, now: float) -> None:
+    def begin(self, now: float, resume_log: bool = False) -> None:
+        """Watch the run from `now`: its log from the start, or (a requeued job's next
+        allocation) from where it was."""
         assert self.run is not None
-        self.log_end = 0
+        if not resume_log:
+            self.log_end = 0
         self.lost_gpus = set()
-        self._emit(self.machine.started(self.run.pid, self.run.launched_at, now))
-        self._emit([RunStarted(self.run)])
+        self.emit(self.machine.started(self.run.pid, self.run.launched_at, now))
+        self.emit([RunStarted(self.run)])
         if self.history is not None:
             try:
                 key, host = self.profile.key, self.profile.host.target
@@ -579,14 +585,21 @@ class Supervisor:
                 previous = self.history.last(key, host, before=self.run.run_id)
                 self.machine.tracker.survived = self.history.survived(key, host)
             except (sqlite3.Error, OSError) as exc:
-                self._emit([Notice(f"launch history not read ({self.history.path}): {exc}",
-                                   "warning")])
+                self.emit([Notice(f"launch history not read ({self.history.path}): {exc}",
+                                  "warning")])
             else:
-                self._emit([HistoryLoaded(previous, self.usual)])
+                self.emit([HistoryLoaded(previous, self.usual)])
         self._tasks = [asyncio.create_task(self._watch_loop()),
                        asyncio.create_task(self._tick_loop())]
         if self.job is not None and self.serves:  # one member asks after a several-node job
             self._tasks.append(asyncio.create_task(self.slurm.job_loop()))
+
+    def stop_watching(self) -> None:
+        """The watch of a job's run stops where the job ended (JobFollow.job_over): every
+        task of it but the caller's own is cancelled (the caller goes on to tell the end)."""
+        for task in self._tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
 
     async def close(self) -> None:
         """Stop watching and drop the session; the server keeps running. Hooks already started
@@ -631,7 +644,7 @@ class Supervisor:
                 async for event in stream_agent(session, launcher.agent_target(self.profile),
                                                 "watch", self._watch_spec()):
                     if backoff != BACKOFF_START_S:
-                        self._emit([LinkRestored(session.host)])
+                        self.emit([LinkRestored(session.host)])
                         backoff = BACKOFF_START_S
                     self._dispatch(event)
                     if isinstance(event, LogChunk):  # a backlog of chunks is read without a
@@ -643,14 +656,14 @@ class Supervisor:
                 reason = f"{self.profile.host.target}: {exc}"
             except Exception as exc:  # shown as one line, never a traceback
                 if not self._closing:
-                    self._emit([Fatal(str(exc) if isinstance(exc, SessionError)
-                                      else f"internal error while watching: {exc!r}")])
+                    self.emit([Fatal(str(exc) if isinstance(exc, SessionError)
+                                     else f"internal error while watching: {exc!r}")])
                 return
             if self._closing:
                 return
             if self.job is not None and await self.slurm.job_gone():
                 return
-            self._emit([LinkLost(self.profile.host.target, reason, backoff)])
+            self.emit([LinkLost(self.profile.host.target, reason, backoff)])
             await self._drop_session()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
@@ -665,61 +678,61 @@ class Supervisor:
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(TICK_S)
-            self._emit(self.machine.tick(self.clock()))
+            self.emit(self.machine.tick(self.clock()))
 
     def _dispatch(self, event: Any) -> None:
         now = self.clock()
         m = self.machine
         if isinstance(event, LogChunk):
-            self._emit(m.feed_lines(self._lines(event), now))
+            self.emit(m.feed_lines(self._lines(event), now))
         elif isinstance(event, LogSkipped):
             self.log_end = max(self.log_end, event.end)
-            self._emit([event])
+            self.emit([event])
         elif isinstance(event, ProcExit):
             self._emit_death(m.feed_exit(event, now))
             ended = m.ended_as(event)
-            self._emit([ProcEnded(ended.pid, ended.name, ended.code, ended.signal)])
+            self.emit([ProcEnded(ended.pid, ended.name, ended.code, ended.signal)])
         elif isinstance(event, Procs):
             m.feed_procs(event, now)
-            self._emit([ProcsSeen(event)])
+            self.emit([ProcsSeen(event)])
         elif isinstance(event, Gpus):
             m.feed_gpus(event, now)
-            self._emit([GpusSeen(event)])
+            self.emit([GpusSeen(event)])
             for gpu in event.gpus:
                 if gpu.lost and gpu.index not in self.lost_gpus:
                     self.lost_gpus.add(gpu.index)
-                    self._emit([Notice(
+                    self.emit([Notice(
                         f"{self.profile.host.target}: GPU {gpu.index} is lost (fell off the bus:"
                         " NVML answers GPU_IS_LOST); what runs on it will fail, the other GPUs"
                         f" keep streaming — `nvidia-smi -q -i {gpu.index}` and dmesg say why",
                         "warning")])
         elif isinstance(event, Health):
-            self._emit(m.feed_health(event, now))
+            self.emit(m.feed_health(event, now))
         elif isinstance(event, RunExit):
             self._emit_death(m.feed_run_exit(event, now))
         elif isinstance(event, (Hello, Secrets)):
             self.secrets = tuple({*self.secrets, *event.redact})
             if isinstance(event, Hello):
-                self._emit([AgentHello(event)])
+                self.emit([AgentHello(event)])
                 if not event.nvml_ok:
-                    self._emit([Notice(f"{event.host}: no GPU data — {event.nvml_error}",
-                                       "warning")])
+                    self.emit([Notice(f"{event.host}: no GPU data — {event.nvml_error}",
+                                      "warning")])
         elif isinstance(event, Metrics):
             totals = parse_totals(event.text)
             if totals is not None:
-                self._emit([SpecDecodeSeen(totals, event.time)])
-            self._emit(m.feed_metrics(event.text, event.time))
+                self.emit([SpecDecodeSeen(totals, event.time)])
+            self.emit(m.feed_metrics(event.text, event.time))
         elif isinstance(event, AgentFault):
-            self._emit([Notice(f"agent: {event.kind}: {event.message}", "warning")])
+            self.emit([Notice(f"agent: {event.kind}: {event.message}", "warning")])
         elif isinstance(event, DiskSpace):
-            self._emit([Notice(*disk_words(self.profile.host.target, event))])
+            self.emit([Notice(*disk_words(self.profile.host.target, event))])
 
     def _emit_death(self, events: list[Any]) -> None:
         """A job's death waits for the scheduler's word on it (JobFollow.died_in_job)."""
         if self.job is not None and any(isinstance(e, Died) for e in events):
             self._spawn(self.slurm.died_in_job(events))
         else:
-            self._emit(events)
+            self.emit(events)
 
     def _lines(self, chunk: LogChunk) -> list[tuple[int, str]]:
         """Per-line byte offsets; a chunk that starts before what we have is trimmed."""
@@ -773,16 +786,16 @@ class Supervisor:
         self.mark_killing()
         steps, killed = await launcher.kill(
             await self.connect(), self.profile, self.run.run_dir, grace,
-            on_step=lambda step: self._emit([KillProgress(step)]))
+            on_step=lambda step: self.emit([KillProgress(step)]))
         self.last_kill_steps = steps
-        self._emit([KillDone(killed), *self.machine.stopped(self.clock())])
+        self.emit([KillDone(killed), *self.machine.stopped(self.clock())])
         return killed
 
 
     def mark_killing(self) -> None:
         """From now on the run's processes ending is our kill, not a death (a cluster marks
         every member before it kills the first: the others' processes end with it)."""
-        self._emit(self.machine.killing(self.clock()))
+        self.emit(self.machine.killing(self.clock()))
 
     async def restart(self, grace: float = 10.0, skip_preflight: bool = False) -> RunInfo:
         """Kill, verify, and relaunch as a new run with a fresh machine and timeline. With no
@@ -807,7 +820,7 @@ class Supervisor:
             task.cancel()
         self._tasks = []
         self.giving_up = None
-        self.machine = self._new_machine()
+        self.machine = self.new_machine()
         if self.job is not None:  # a relaunch submits a job of its own
             self.job = None
             if self.login is not None:
