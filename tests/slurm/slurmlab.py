@@ -6,10 +6,15 @@ Everything lives under one directory (`up DIR`): slurm.conf, munge's key and soc
 and spool directories, the daemons' logs and pid files; `down DIR` stops the daemons and
 removes the namespaces. Commands reach the cluster with SLURM_CONF=DIR/slurm.conf.
 
-Node addresses: node i (1-based) is 10.230.i.2 in its namespace, the login node 10.230.i.1 on
-the other end of that veth pair; each node's default route goes back to the login node, so
-every node reaches slurmctld at 10.230.1.1 and srun (on the login node) at whichever address
-it connected from. Ports are this lane's own (SLURMCTLD_PORT), not Slurm's defaults.
+Several lanes (one per worktree) may run at once: each cluster claims a slot N (0..SLOTS-1) in
+/run/specconsole-slurm (the file slot-N names its directory; a slot whose directory is gone is
+free again), kept in DIR/slot, and its namespaces (`scslurm<N>-<node>`), links, subnet
+(10.<231+N>) and ports (SLURMCTLD_PORT + 2N, SLURMD_PORT + 2N) are its own.
+
+Node addresses: node i (1-based) is 10.<231+N>.i.2 in its namespace, the login node
+10.<231+N>.i.1 on the other end of that veth pair; each node's default route goes back to the
+login node, so every node reaches slurmctld at 10.<231+N>.1.1 and srun (on the login node) at
+whichever address it connected from. Ports are this lane's own, not Slurm's defaults.
 
 Stdlib only; needs root, ip, unshare, munged, slurmctld and slurmd. Run as a script:
 `python slurmlab.py up DIR` prints `slurm lane: NAME: VALUE` lines and leaves the cluster
@@ -19,6 +24,7 @@ running (exit 1 and one line when it cannot); `python slurmlab.py down DIR`.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import socket
@@ -28,19 +34,17 @@ import time
 from pathlib import Path
 
 NODES = ("node-1", "node-2", "node-3")
-NS_PREFIX = "scslurm-"
-NET = "10.230"
-SLURMCTLD_PORT = 6917
-SLURMD_PORT = 6918
+NS_PREFIX = "scslurm"
+SLOTS = 8
+SLURMCTLD_PORT = 6919  # slot 0's; slot N's is + 2N (6917 and 10.230 were the
+SLURMD_PORT = 6920  # single cluster's, before slots: never shared with one still running so)
 CPUS = 2  # per node, as configured (SlurmdParameters=config_overrides: not the real count)
 MEMORY_MB = 1000
 PARTITION = "batch"
 URGENT = "urgent"  # the same nodes at a higher PriorityTier: it preempts batch (REQUEUE)
 MAX_TIME_MIN = 30  # the partitions' limit: a request for more is refused
 SLURMD_TIMEOUT_S = 10
-# the directory of the cluster that is up: one at a time (the namespaces' names and the ports
-# are the lane's own, not a run's)
-ACTIVE = Path("/run/specconsole-slurm/active")
+SLOT_DIR = Path("/run/specconsole-slurm")  # slot-N: the directory of the cluster holding N
 TOOLS = ("munged", "slurmctld", "slurmd", "sinfo", "sbatch", "ip", "unshare", "nsenter")
 
 
@@ -48,12 +52,9 @@ class SetupError(RuntimeError):
     """The cluster could not be set up; the message is the lane's one line."""
 
 
-def namespace(node: str) -> str:
-    return f"{NS_PREFIX}{node}"
-
-
-def node_address(index: int) -> str:
-    return f"{NET}.{index}.2"
+def net(slot: int) -> str:
+    """The slot's subnet prefix: 10.<231+slot>."""
+    return f"10.{231 + slot}"
 
 
 def slurm_env(conf: Path) -> dict[str, str]:
@@ -70,18 +71,18 @@ def _sh(*argv: str, check: bool = True, env: dict[str, str] | None = None,
     return done
 
 
-def slurm_conf(workdir: Path, nodes: tuple[str, ...] = NODES) -> str:
-    """slurm.conf for the lane's cluster (everything under `workdir`)."""
+def slurm_conf(workdir: Path, slot: int, nodes: tuple[str, ...] = NODES) -> str:
+    """slurm.conf for the lane's cluster in `slot` (everything under `workdir`)."""
     login = socket.gethostname().split(".")[0]
     node_lines = "\n".join(
-        f"NodeName={node} NodeAddr={node_address(i)} NodeHostname={node} CPUs={CPUS} "
+        f"NodeName={node} NodeAddr={net(slot)}.{i}.2 NodeHostname={node} CPUs={CPUS} "
         f"RealMemory={MEMORY_MB} State=UNKNOWN" for i, node in enumerate(nodes, 1))
     names = ",".join(nodes)
     return f"""\
 ClusterName=specconsole
-SlurmctldHost={login}({NET}.1.1)
-SlurmctldPort={SLURMCTLD_PORT}
-SlurmdPort={SLURMD_PORT}
+SlurmctldHost={login}({net(slot)}.1.1)
+SlurmctldPort={SLURMCTLD_PORT + 2 * slot}
+SlurmdPort={SLURMD_PORT + 2 * slot}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -128,10 +129,48 @@ class Cluster:
         self.nodes = nodes
         self.conf = self.workdir / "slurm.conf"
         self.munge = self.workdir / "munge"
+        self.slot: int | None = None  # claimed by up(), or read back from DIR/slot
+        with contextlib.suppress(OSError, ValueError):
+            self.slot = int((self.workdir / "slot").read_text())
 
     @property
     def env(self) -> dict[str, str]:
         return slurm_env(self.conf)
+
+    def namespace(self, node: str) -> str:
+        return f"{NS_PREFIX}{self.slot}-{node}"
+
+    def address(self, node: str) -> str:
+        """The node's address (its NodeAddr)."""
+        return f"{net(self._slot)}.{self.nodes.index(node) + 1}.2"
+
+    @property
+    def _slot(self) -> int:
+        if self.slot is None:
+            raise SetupError(f"no cluster was set up in {self.workdir} (no slot file)")
+        return self.slot
+
+    def _link(self, index: int) -> str:
+        """The login node's end of node `index`'s veth pair."""
+        return f"{NS_PREFIX}{self.slot}n{index}"
+
+    def _claim(self) -> None:
+        """Take a free slot (its file names this directory); one whose directory is gone is
+        free again (a crashed lane's)."""
+        SLOT_DIR.mkdir(parents=True, exist_ok=True)
+        with (SLOT_DIR / "claim.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            for slot in range(SLOTS):
+                path = SLOT_DIR / f"slot-{slot}"
+                with contextlib.suppress(OSError):
+                    holder = Path(path.read_text().strip())
+                    if holder != self.workdir and holder.exists():
+                        continue
+                path.write_text(str(self.workdir))
+                (self.workdir / "slot").write_text(str(slot))
+                self.slot = slot
+                return
+        raise SetupError(f"all {SLOTS} Slurm lane slots in {SLOT_DIR} are taken")
 
     # -- up --------------------------------------------------------------------------------
 
@@ -145,18 +184,14 @@ class Cluster:
         if os.geteuid() != 0:
             raise SetupError("the slurm lane needs root (network namespaces, slurmd)")
         started = time.monotonic()
-        other = _active()
-        if other is not None and other != self.workdir:
-            raise SetupError(f"another Slurm lane cluster is up ({other}): take it down first "
-                             f"(python3 tests/slurm/slurmlab.py down {other})")
-        self.down()  # whatever a crashed run left
-        ACTIVE.parent.mkdir(parents=True, exist_ok=True)
-        ACTIVE.write_text(str(self.workdir))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._claim()
+        self.down(release=False)  # whatever a crashed run in this slot left
         for sub in ("state", "spool", "munge"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
         for node in self.nodes:
             (self.workdir / "spool" / node).mkdir(exist_ok=True, mode=0o700)
-        self.conf.write_text(slurm_conf(self.workdir, self.nodes))
+        self.conf.write_text(slurm_conf(self.workdir, self._slot, self.nodes))
         self._network()
         self._munged()
         self._daemon("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
@@ -164,7 +199,7 @@ class Cluster:
             self.start_slurmd(node)
         self.wait_idle(timeout)
         return {"nodes": f"{len(self.nodes)} ({', '.join(self.nodes)}), one slurmd each in "
-                         f"network namespaces {NS_PREFIX}<node>",
+                         f"network namespaces {self.namespace('<node>')}",
                 "partitions": f"{PARTITION} (PriorityTier 1), {URGENT} (PriorityTier 10, "
                               f"preempts with REQUEUE), MaxTime {MAX_TIME_MIN} min",
                 "slurm": _sh("sinfo", "-V", env=self.env).stdout.strip(),
@@ -172,17 +207,18 @@ class Cluster:
                 "up in": f"{time.monotonic() - started:.1f} s"}
 
     def _network(self) -> None:
+        prefix = net(self._slot)
         for i, node in enumerate(self.nodes, 1):
-            ns, host_dev = namespace(node), f"scslurm{i}"
+            ns, host_dev = self.namespace(node), self._link(i)
             _sh("ip", "netns", "add", ns)
             _sh("ip", "-n", ns, "link", "set", "lo", "up")
             _sh("ip", "link", "add", host_dev, "type", "veth", "peer", "name", "eth0",
                 "netns", ns)
-            _sh("ip", "addr", "add", f"{NET}.{i}.1/24", "dev", host_dev)
+            _sh("ip", "addr", "add", f"{prefix}.{i}.1/24", "dev", host_dev)
             _sh("ip", "link", "set", host_dev, "up")
-            _sh("ip", "-n", ns, "addr", "add", f"{node_address(i)}/24", "dev", "eth0")
+            _sh("ip", "-n", ns, "addr", "add", f"{self.address(node)}/24", "dev", "eth0")
             _sh("ip", "-n", ns, "link", "set", "eth0", "up")
-            _sh("ip", "-n", ns, "route", "add", "default", "via", f"{NET}.{i}.1")
+            _sh("ip", "-n", ns, "route", "add", "default", "via", f"{prefix}.{i}.1")
 
     def _munged(self) -> None:
         key = self.munge / "munge.key"
@@ -205,7 +241,7 @@ class Cluster:
         slurmd 22.05 will not start without its cgroup plugin's mount."""
         conf = self.conf
         self._daemon(f"slurmd-{node}", [
-            "nsenter", f"--net=/run/netns/{namespace(node)}", "unshare", "--uts", "sh", "-c",
+            "nsenter", f"--net=/run/netns/{self.namespace(node)}", "unshare", "--uts", "sh", "-c",
             f"hostname {node} && exec slurmd -D -f {conf} -N {node}"])
 
     def slurmd_pid(self, node: str) -> int | None:
@@ -246,18 +282,21 @@ class Cluster:
 
     # -- down ------------------------------------------------------------------------------
 
-    def down(self) -> None:
+    def down(self, release: bool = True) -> None:
         """Stop every daemon this directory's pid files name and every process in the lane's
-        namespaces (the jobs' too), then delete the namespaces and their links."""
+        namespaces (the jobs' too), then delete the namespaces and their links; `release`
+        the slot."""
+        if self.slot is None:
+            return
         for i, node in enumerate(self.nodes, 1):
-            ns = namespace(node)
+            ns = self.namespace(node)
             if Path(f"/run/netns/{ns}").exists():
                 pids = _sh("ip", "netns", "pids", ns, check=False).stdout.split()
                 for pid in pids:
                     with contextlib.suppress(ProcessLookupError, ValueError):
                         os.kill(int(pid), signal.SIGKILL)
                 _sh("ip", "netns", "del", ns, check=False)
-            _sh("ip", "link", "del", f"scslurm{i}", check=False)
+            _sh("ip", "link", "del", self._link(i), check=False)
         for pid_file in (self.workdir / "slurmctld.pid", self.munge / "munged.pid"):
             with contextlib.suppress(OSError, ValueError, ProcessLookupError):
                 pid = int(pid_file.read_text().split()[0])
@@ -265,19 +304,10 @@ class Cluster:
                 deadline = time.monotonic() + 10  # slurmctld saves its state, then exits
                 while _alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.05)
+        slot_file = SLOT_DIR / f"slot-{self.slot}"
         with contextlib.suppress(OSError):
-            if Path(ACTIVE.read_text().strip()) == self.workdir:
-                ACTIVE.unlink()
-
-
-def _active() -> Path | None:
-    """The workdir of the cluster that is up, while its slurmctld lives."""
-    try:
-        workdir = Path(ACTIVE.read_text().strip())
-        pid = int((workdir / "slurmctld.pid").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return workdir if _alive(pid) else None
+            if release and Path(slot_file.read_text().strip()) == self.workdir:
+                slot_file.unlink()
 
 
 def _alive(pid: int) -> bool:
