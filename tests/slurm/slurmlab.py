@@ -9,11 +9,11 @@ removes the namespaces. Commands reach the cluster with SLURM_CONF=DIR/slurm.con
 Several lanes (one per worktree) may run at once: each cluster claims a slot N (0..SLOTS-1) in
 /run/specconsole-slurm (the file slot-N names its directory; a slot whose directory is gone is
 free again), kept in DIR/slot, and its namespaces (`scslurm<N>-<node>`), links, subnet
-(10.<231+N>) and ports (SLURMCTLD_PORT + 2N, SLURMD_PORT + 2N) are its own.
+(10.<230+N>) and ports (SLURMCTLD_PORT + 2N, SLURMD_PORT + 2N) are its own.
 
-Node addresses: node i (1-based) is 10.<231+N>.i.2 in its namespace, the login node
-10.<231+N>.i.1 on the other end of that veth pair; each node's default route goes back to the
-login node, so every node reaches slurmctld at 10.<231+N>.1.1 and srun (on the login node) at
+Node addresses: node i (1-based) is 10.<230+N>.i.2 in its namespace, the login node
+10.<230+N>.i.1 on the other end of that veth pair; each node's default route goes back to the
+login node, so every node reaches slurmctld at 10.<230+N>.1.1 and srun (on the login node) at
 whichever address it connected from. Ports are this lane's own, not Slurm's defaults.
 
 Stdlib only; needs root, ip, unshare, munged, slurmctld and slurmd. Run as a script:
@@ -36,8 +36,8 @@ from pathlib import Path
 NODES = ("node-1", "node-2", "node-3")
 NS_PREFIX = "scslurm"
 SLOTS = 8
-SLURMCTLD_PORT = 6919  # slot 0's; slot N's is + 2N (6917 and 10.230 were the
-SLURMD_PORT = 6920  # single cluster's, before slots: never shared with one still running so)
+SLURMCTLD_PORT = 6917  # slot 0's; slot N's is + 2N
+SLURMD_PORT = 6918
 CPUS = 2  # per node, as configured (SlurmdParameters=config_overrides: not the real count)
 MEMORY_MB = 1000
 PARTITION = "batch"
@@ -53,8 +53,8 @@ class SetupError(RuntimeError):
 
 
 def net(slot: int) -> str:
-    """The slot's subnet prefix: 10.<231+slot>."""
-    return f"10.{231 + slot}"
+    """The slot's subnet prefix: 10.<230+slot>."""
+    return f"10.{230 + slot}"
 
 
 def slurm_env(conf: Path) -> dict[str, str]:
