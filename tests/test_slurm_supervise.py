@@ -1,18 +1,20 @@
 """The supervisor's side of a job's death: a death the agent reports while the scheduler is
 ending the job is told as the scheduler's from its first word (the Died event itself), and a
 worker's own death while the job runs stays the worker's. The login node here is a stand-in
-session that answers `scontrol show job` with the lane's real text (tests/test_slurm_core.py)."""
+session that answers `scontrol show job` with the lane's real text (tests/test_slurm_core.py).
+Then how the job's node is reached, as the profile's [slurm] reach says."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
-from test_slurm_core import TIMEOUT_JOB
+from test_slurm_core import NODE_2, TIMEOUT_JOB
 
-from tui.core.profile import loads_profile
+from tui.core.profile import HostConfig, loads_profile
 from tui.core.protocol import ProcExit
 from tui.core.state import Died
+from tui.remote import slurm as remote_slurm
 from tui.remote.interface import CommandResult, Session, Stream
 from tui.supervise.slurmjob import JobRun
 from tui.supervise.supervisor import Supervisor
@@ -69,3 +71,63 @@ async def test_a_death_while_the_job_runs_stays_the_processs(tmp_path: Path) -> 
     died, _ = await _death_in_job("RUNNING", tmp_path)
     assert died.death.ended_by is None
     assert died.death.summary().startswith("APIServer (pid 100) died, signal 15")
+
+
+class Recorder(Session):
+    """A session that answers every command with `answer` and records what it was asked and
+    whether it was closed."""
+
+    is_local = False
+
+    def __init__(self, host: str, answer: str = "") -> None:
+        self.host = host
+        self.answer = answer
+        self.asked: list[list[str]] = []
+        self.closed = False
+
+    async def run(self, argv: list[str], stdin: bytes = b"",
+                  timeout: float | None = None) -> CommandResult:
+        self.asked.append(argv)
+        return CommandResult(0, self.answer.encode(), b"")
+
+    async def stream(self, argv: list[str], stdin: bytes = b"") -> Stream:
+        raise AssertionError(f"not streamed here: {argv}")
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def test_reach_ssh_opens_the_nodes_address_through_the_login_node(tmp_path: Path) -> None:
+    profile = loads_profile(PROFILE.replace('target = "local"', 'target = "login1"')
+                            + 'reach = "ssh"\n', tmp_path / "job.toml")
+    login = Recorder("login1", NODE_2)
+    opened: list[HostConfig] = []
+    node = Recorder("10.231.2.2", "from the node")
+
+    async def opener(host: HostConfig) -> Session:
+        opened.append(host)
+        return node
+
+    reached = await remote_slurm.reach_node(login, profile, "19", "node-2", opener)
+    assert login.asked == [["scontrol", "show", "node", "-o", "node-2"]]
+    assert [(h.target, h.jump) for h in opened] == [("10.231.2.2", "login1")]
+    assert reached.host == "node-2 (job 19)"
+    done = await reached.run(["python3", "-c", "pass"])
+    assert done.stdout == b"from the node" and node.asked == [["python3", "-c", "pass"]]
+    assert await reached.leave() is login and node.closed and not login.closed
+    await reached.close()
+    assert login.closed
+
+
+async def test_reach_step_is_the_default_and_asks_nothing_first(tmp_path: Path) -> None:
+    login = Recorder("login")
+
+    async def opener(host: HostConfig) -> Session:
+        raise AssertionError(f"no SSH to the node for a step: {host}")
+
+    reached = await remote_slurm.reach_node(
+        login, loads_profile(PROFILE, tmp_path / "job.toml"), "19", "node-2", opener)
+    assert login.asked == []
+    await reached.run(["true"])
+    assert login.asked[0][:2] == ["srun", "--jobid=19"] and login.asked[0][-1] == "true"
+    assert await reached.leave() is login and not login.closed

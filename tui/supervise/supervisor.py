@@ -397,7 +397,12 @@ class Supervisor:
                 self._python_checked = True
             self.login = session
             if self.job is not None and self.job.node is not None and self.job.end is None:
-                session = remote_slurm.StepSession(session, self.job.job_id, self.job.node)
+                try:
+                    session = await remote_slurm.reach_node(
+                        session, self.profile, self.job.job_id, self.job.node, self.opener)
+                except BaseException:
+                    await session.close()
+                    raise
             self.session = session
         return self.session
 
@@ -536,7 +541,8 @@ class Supervisor:
         self.job.queued_s = allocated.waited_s
         self.machine.allocated(allocated.words(), self.clock())
         self._emit([allocated, Notice(allocated.words())])
-        self.session = remote_slurm.StepSession(login, sub.job_id, str(job.node))
+        self.session = await remote_slurm.reach_node(login, self.profile, sub.job_id,
+                                                     str(job.node), self.opener)
         record = await self._job_record(plan.run_id)
         now = self.clock()
         self.run = RunInfo(record.run_id, record.run_dir, int(record.pid or 0), now,
@@ -566,7 +572,8 @@ class Supervisor:
                                            job.reason)
         self.job = found
         if found.end is None and found.node is not None:
-            self.session = remote_slurm.StepSession(login, job_id, found.node)
+            self.session = await remote_slurm.reach_node(login, self.profile, job_id,
+                                                         found.node, self.opener)
         return found
 
     async def _attach_job(self, job_id: str) -> str:
@@ -585,7 +592,8 @@ class Supervisor:
                               "attach to")
         self.job = JobRun(job_id, None, job.node, job.restarts)
         self.job.seen(job, self.clock())
-        self.session = remote_slurm.StepSession(login, job_id, job.node)
+        self.session = await remote_slurm.reach_node(login, self.profile, job_id, job.node,
+                                                     self.opener)
         found = await remote_slurm.job_server(self.session, self.profile, job_id)
         if found is None:
             raise RunNotFound(f"job {job_id} on {job.node} runs no process but its script's "
@@ -652,8 +660,8 @@ class Supervisor:
         for task in self._tasks:
             if task is not asyncio.current_task():
                 task.cancel()
-        if isinstance(self.session, remote_slurm.StepSession):
-            self.session = self.login  # the job's steps are over
+        if isinstance(self.session, remote_slurm.JobSession):
+            self.session = await self.session.leave()  # its node is no longer reached
         now = self.clock()
         ready_for = now - self._ready_at if self._ready_at is not None else None
         death = self.machine.death
