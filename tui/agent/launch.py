@@ -121,11 +121,15 @@ def _hold(run_dir: str, info: dict) -> int:
     """Wait until the server ends (its exit.json, or its monitor gone), and any kill under way
     (KILL_HOLD) is over; the server's exit code is the job's (0, or 1). A SIGTERM meanwhile
     (the scheduler ending the job) TERMs the server's process group, and KILLs it after
-    HOLD_GRACE_S."""
+    HOLD_GRACE_S; one during the kill's hold (the scancel that follows the verified kill) ends
+    the hold: where the scheduler tracks processes by their parents (proctrack/linuxproc), a
+    launch still holding once its job script's shell has gone would outlive the job."""
     code = _hold_server(run_dir, info)
     hold = os.path.join(run_dir, KILL_HOLD)
     deadline = time.monotonic() + KILL_HOLD_MAX_S
-    while os.path.exists(hold) and time.monotonic() < deadline:
+    cancelled: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: cancelled.append(signum))
+    while os.path.exists(hold) and not cancelled and time.monotonic() < deadline:
         time.sleep(HOLD_POLL_S)
     return code
 
