@@ -7,6 +7,10 @@ Then how the job's node is reached, as the profile's [slurm] reach says."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from test_slurm_core import NODE_2, TIMEOUT_JOB
@@ -131,3 +135,24 @@ async def test_reach_step_is_the_default_and_asks_nothing_first(tmp_path: Path) 
     await reached.run(["true"])
     assert login.asked[0][:2] == ["srun", "--jobid=19"] and login.asked[0][-1] == "true"
     assert await reached.leave() is login and not login.closed
+
+
+def test_the_kill_hold_ends_at_the_schedulers_sigterm(tmp_path: Path) -> None:
+    """The job script's launch, its server over and a kill's hold under way (kill.hold), ends
+    at scancel's SIGTERM: where the scheduler tracks processes by their parents it would
+    otherwise outlive its job (the lane saw it, orphaned, for the hold's 3 minutes)."""
+    (tmp_path / "exit.json").write_text('{"code": 0}')
+    (tmp_path / "kill.hold").touch()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from tui.agent.launch import _hold; "
+         "print('holding', flush=True); sys.exit(_hold(sys.argv[1], {}))", str(tmp_path)],
+        stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"holding\n"
+        time.sleep(0.3)
+        assert holder.poll() is None, "the hold ended with kill.hold still there"
+        holder.send_signal(signal.SIGTERM)
+        assert holder.wait(3) == 0
+    finally:
+        holder.kill()
+        holder.wait()
