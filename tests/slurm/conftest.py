@@ -34,6 +34,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def cluster() -> Cluster:
+    return lane_cluster()
+
+
+def lane_cluster() -> Cluster:
     """The lane's running cluster; SLURM_CONF is set for this process (and what it starts)."""
     conf = os.environ.get(CONF_ENV)
     if not conf or not Path(conf).exists():
@@ -53,6 +57,11 @@ def jobs(cluster: Cluster) -> Iterator[list[str]]:
     nodes are waited on until idle again so the next test starts on an empty cluster."""
     ids: list[str] = []
     yield ids
+    end_jobs(cluster, ids)
+
+
+def end_jobs(cluster: Cluster, ids: list[str]) -> None:
+    """Cancel the jobs, and wait until the nodes are idle again."""
     if ids:
         subprocess.run(["scancel", *ids], env=cluster.env, capture_output=True)
     cluster.wait_idle(60)
