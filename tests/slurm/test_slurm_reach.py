@@ -15,12 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers import carriers, count_lines, next_event, sim_server
 
 from slurm.conftest import record_figure
 from slurm.slurmlab import Cluster
 from slurm.sshlogin import SshLogin
 from slurm.test_slurm_jobs import _event, _launch, _ready, _worker, scontrol
+from tui.core.errors import SessionError
 from tui.core.profile import load_profile
 from tui.core.state import Died, LinesAdded, Ready, State
 from tui.remote import slurm as remote_slurm
@@ -32,14 +34,15 @@ DOWN_AFTER_S = 3.0  # after the launch has found its run: the load lasts about 3
 
 
 def login_profile(tmp: Path, login: SshLogin, *, reach: str, time_scale: float = 300.0,
-                  name: str = "job") -> Path:
-    """The simulated engine through Slurm, [host] the login node over SSH."""
-    table = {**login.host_table(), "runs_dir": str(tmp / "runs")}
-    host = "".join(f"{key} = {json.dumps(value)}\n" for key, value in table.items())
+                  name: str = "job", **host: str) -> Path:
+    """The simulated engine through Slurm, [host] the login node over SSH (`host` overrides
+    its keys)."""
+    table = {**login.host_table(), "runs_dir": str(tmp / "runs"), **host}
+    lines = "".join(f"{key} = {json.dumps(value)}\n" for key, value in table.items())
     path = tmp / f"{name}.toml"
     path.write_text(f"""
 [host]
-{host}{sim_server(tmp, "ready", time_scale)}
+{lines}{sim_server(tmp, "ready", time_scale)}
 [slurm]
 partition = "batch"
 time = "5"
@@ -98,6 +101,37 @@ async def test_reach_ssh_through_the_login_node_ready_then_a_worker_killed_then_
     while (left := _left_on_node(cluster, node)) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     assert left == []
+
+
+async def test_reach_ssh_checks_the_nodes_host_key_strictly_and_cancels_the_job(
+        tmp_path: Path, cluster: Cluster, ssh_login: SshLogin, jobs: list[str]) -> None:
+    """A known_hosts with the login node's key only: the node's unknown key refuses the launch
+    in one line naming the node and how to add its key (scanned through the login node), and
+    the job is cancelled rather than left running with nobody watching."""
+    login = ssh_login.lab.address("gpu-a")
+    known = tmp_path / "known_hosts"
+    known.write_text("".join(line for line in ssh_login.lab.known_hosts.read_text().splitlines(
+        keepends=True) if line.startswith(f"{login},")))
+    sup = Supervisor(load_profile(login_profile(tmp_path, ssh_login, reach="ssh",
+                                                known_hosts=str(known))))
+    logs = {node: ssh_login.lab.workdir / node / "sshd.log" for node in cluster.nodes}
+    before = {node: log.stat().st_size for node, log in logs.items()}
+    try:
+        events, launching, _ = await _launch(sup, jobs)
+        allocated = await _event(events, JobAllocated, launching, 60)
+        with pytest.raises(SessionError) as refused:
+            await launching
+    finally:
+        await sup.close()
+    said = str(refused.value)
+    node = allocated.job.node
+    address = cluster.address(node)
+    assert "\n" not in said
+    assert said.startswith(f"{node}: job {jobs[0]}'s node could not be reached, so the job was "
+                           f"cancelled (scancel {jobs[0]}): {address}: host key unknown"), said
+    assert f"ssh {login} ssh-keyscan -p 22 {address} >> {known}" in said, said
+    assert scontrol(jobs[0], cluster)["JobState"] == "CANCELLED"
+    assert b"Accepted" not in logs[node].read_bytes()[before[node]:]  # refused before login
 
 
 async def test_the_login_nodes_link_dropped_mid_load_loses_no_line_and_is_never_dead(

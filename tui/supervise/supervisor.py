@@ -541,8 +541,16 @@ class Supervisor:
         self.job.queued_s = allocated.waited_s
         self.machine.allocated(allocated.words(), self.clock())
         self._emit([allocated, Notice(allocated.words())])
-        self.session = await remote_slurm.reach_node(login, self.profile, sub.job_id,
-                                                     str(job.node), self.opener)
+        try:
+            self.session = await remote_slurm.reach_node(login, self.profile, sub.job_id,
+                                                         str(job.node), self.opener)
+        except SessionError as exc:  # reach = "ssh": the node refused, or its key is not known
+            ended = await remote_slurm.cancel(login, sub.job_id)
+            self.job.end = slurm.SchedulerEnd(ended.state if ended else "CANCELLED",
+                                              sub.job_id, job.node, None, None, None, str(exc))
+            raise SessionError(str(job.node), f"job {sub.job_id}'s node could not be reached, "
+                                              f"so the job was cancelled (scancel "
+                                              f"{sub.job_id}): {exc}") from None
         record = await self._job_record(plan.run_id)
         now = self.clock()
         self.run = RunInfo(record.run_id, record.run_dir, int(record.pid or 0), now,
