@@ -52,17 +52,20 @@ reach = "{reach}"
     return path
 
 
-def _left_on_node(cluster: Cluster, node: str) -> list[str]:
-    """What runs in the node's namespace besides its slurmd and sshd's listener."""
+def _left_on_node(cluster: Cluster, node: str, job_id: str) -> list[str]:
+    """What of the job (SLURM_JOB_ID in its environment) or of sshd's sessions still runs in
+    the node's namespace (the lane's other tests' jobs are theirs to clean up)."""
     pids = subprocess.run(["ip", "netns", "pids", cluster.namespace(node)], capture_output=True,
                           text=True).stdout.split()
     found = []
     for pid in pids:
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if not cmd.startswith(("slurmd ", "sshd: /usr/sbin/sshd -D")):
+        session = cmd.startswith("sshd: ") and "[listener]" not in cmd
+        if session or f"SLURM_JOB_ID={job_id}".encode() in env:
             found.append(f"{pid} {cmd.strip()}")
     return found
 
@@ -98,7 +101,7 @@ async def test_reach_ssh_through_the_login_node_ready_then_a_worker_killed_then_
     assert carriers(sup.run.run_id) == []
     assert scontrol(jobs[0], cluster)["JobState"] in ("CANCELLED", "COMPLETED")
     deadline = time.monotonic() + 10  # sshd's session processes end as their link closes
-    while (left := _left_on_node(cluster, node)) and time.monotonic() < deadline:
+    while (left := _left_on_node(cluster, node, jobs[0])) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     assert left == []
 
