@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from test_slurm_core import NODE_2, TIMEOUT_JOB
 
 from tui.core.profile import HostConfig, loads_profile
@@ -137,12 +138,16 @@ async def test_reach_step_is_the_default_and_asks_nothing_first(tmp_path: Path) 
     assert await reached.leave() is login and not login.closed
 
 
-def test_the_kill_hold_ends_at_the_schedulers_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("term_first", [False, True], ids=["in the hold", "before the exit"])
+def test_the_kill_hold_ends_at_the_schedulers_sigterm(tmp_path: Path, term_first: bool) -> None:
     """The job script's launch, its server over and a kill's hold under way (kill.hold), ends
-    at scancel's SIGTERM: where the scheduler tracks processes by their parents it would
-    otherwise outlive its job (the lane saw it, orphaned, for the hold's 3 minutes)."""
-    (tmp_path / "exit.json").write_text('{"code": 0}')
+    at scancel's SIGTERM, also when the SIGTERM came before it had read the server's end (the
+    scancel right after the verified kill): where the scheduler tracks processes by their
+    parents it would otherwise outlive its job (the lane saw it, orphaned, for the hold's 3
+    minutes)."""
     (tmp_path / "kill.hold").touch()
+    if not term_first:
+        (tmp_path / "exit.json").write_text('{"code": 0}')
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys; from tui.agent.launch import _hold; "
          "print('holding', flush=True); sys.exit(_hold(sys.argv[1], {}))", str(tmp_path)],
@@ -152,6 +157,10 @@ def test_the_kill_hold_ends_at_the_schedulers_sigterm(tmp_path: Path) -> None:
         time.sleep(0.3)
         assert holder.poll() is None, "the hold ended with kill.hold still there"
         holder.send_signal(signal.SIGTERM)
+        if term_first:
+            time.sleep(0.3)
+            assert holder.poll() is None, "the hold ended before the server's end"
+            (tmp_path / "exit.json").write_text('{"code": 0}')
         assert holder.wait(3) == 0
     finally:
         holder.kill()
