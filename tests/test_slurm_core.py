@@ -17,7 +17,13 @@ from tui.cli.follow import OneHost
 from tui.core.describe import death_lines, describe
 from tui.core.errors import ProfileError
 from tui.core.phases import Phase
-from tui.core.profile import Profile, load_profile, loads_profile, slurm_time_seconds
+from tui.core.profile import (
+    HostConfig,
+    Profile,
+    load_profile,
+    loads_profile,
+    slurm_time_seconds,
+)
 from tui.core.protocol import ProcExit
 from tui.core.slurm import (
     FirstDeath,
@@ -30,9 +36,11 @@ from tui.core.slurm import (
     job_words,
     never_starts,
     no_accounting,
+    node_host,
     parse_fields,
     parse_job,
     parse_job_id,
+    parse_node_address,
     parse_queue,
     parse_sacct,
     parse_test_only,
@@ -44,6 +52,7 @@ from tui.core.slurm import (
     sacct_argv,
     sbatch_options,
     scheduler_end,
+    show_node_argv,
     step_argv,
 )
 from tui.core.state import CauseUpdated, Died, LaunchMachine, PhaseChanged, State
@@ -124,7 +133,7 @@ def test_a_full_table_loads() -> None:
     ('partition = "gpu a100"\n', 7, "slurm.partition", "one word"),
     ('mem = "lots"\n', 7, "slurm.mem", "memory size"),
     ('nodes = 2\n', 7, "slurm.nodes", "2 nodes need a [cluster] table"),
-    ('reach = "ssh"\n', 7, "slurm.reach", "expected one of: step"),
+    ('reach = "rsh"\n', 7, "slurm.reach", "expected one of: step, ssh"),
     ('parttion = "gpu"\n', 7, "slurm.parttion", "did you mean 'partition'?"),
     ('alert_before = "soon"\n', 7, "slurm.alert_before", "invalid duration"),
 ])
@@ -177,6 +186,34 @@ def test_the_agent_reaches_the_node_as_an_overlapping_step() -> None:
     assert argv[:2] == ["srun", "--jobid=494583"]
     assert {"--overlap", "--nodes=1", "--ntasks=1", "--nodelist=node-07"} <= set(argv)
     assert argv[-5:] == ["python3", "-u", "-c", "x", "watch"]
+
+
+# `scontrol show node -o node-2` on the lane's cluster
+NODE_2 = ("NodeName=node-2 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=2 CPUTot=2 "
+          "CPULoad=0.58 AvailableFeatures=(null) ActiveFeatures=(null) Gres=(null) "
+          "NodeAddr=10.231.2.2 NodeHostName=node-2 Version=22.05.8 OS=Linux 6.18.44-fc-v1300 "
+          "#1 SMP PREEMPT_DYNAMIC @0  RealMemory=1000 AllocMem=0 FreeMem=22386 Sockets=2 "
+          "Boards=1 State=IDLE ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A "
+          "Partitions=batch,urgent  BootTime=2026-12-07T16:11:31\n")
+
+
+def test_over_ssh_the_node_is_reached_at_the_schedulers_address_through_the_login_node() -> None:
+    assert show_node_argv("node-2") == ["scontrol", "show", "node", "-o", "node-2"]
+    assert parse_node_address(NODE_2, "node-2") == "10.231.2.2"
+    assert parse_node_address("NodeName=gpu7 State=IDLE\n", "gpu7") == "gpu7"
+    local = HostConfig("local", known_hosts="/k/known_hosts", python="/venv/bin/python",
+                       runs_dir="/shared/runs", keepalive_interval=1.0)
+    direct = node_host(local, "10.231.2.2")
+    assert (direct.target, direct.jump) == ("10.231.2.2", None)
+    assert (direct.known_hosts, direct.strict_host_keys, direct.python, direct.runs_dir,
+            direct.keepalive_interval) == ("/k/known_hosts", True, "/venv/bin/python",
+                                           "/shared/runs", 1.0)
+    login = HostConfig("alice@login1:2222", jump="bastion", strict_host_keys=False)
+    through = node_host(login, "node-07")
+    assert (through.target, through.jump) == ("alice@node-07", "bastion,alice@login1:2222")
+    assert through.strict_host_keys is False  # the profile's own choice, as for any hop
+    assert node_host(HostConfig("login1"), "fd00::7").target == "[fd00::7]"
+    assert node_host(HostConfig("login1"), "fd00::7").jump == "login1"
 
 
 def test_sbatch_parsable_job_id() -> None:

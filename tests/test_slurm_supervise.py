@@ -1,18 +1,25 @@
 """The supervisor's side of a job's death: a death the agent reports while the scheduler is
 ending the job is told as the scheduler's from its first word (the Died event itself), and a
 worker's own death while the job runs stays the worker's. The login node here is a stand-in
-session that answers `scontrol show job` with the lane's real text (tests/test_slurm_core.py)."""
+session that answers `scontrol show job` with the lane's real text (tests/test_slurm_core.py).
+Then how the job's node is reached, as the profile's [slurm] reach says."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from test_slurm_core import TIMEOUT_JOB
+import pytest
+from test_slurm_core import NODE_2, TIMEOUT_JOB
 
-from tui.core.profile import loads_profile
+from tui.core.profile import HostConfig, loads_profile
 from tui.core.protocol import ProcExit
 from tui.core.state import Died
+from tui.remote import slurm as remote_slurm
 from tui.remote.interface import CommandResult, Session, Stream
 from tui.supervise.slurmjob import JobRun, JobSupervisor
 from tui.supervise.supervisor import Supervisor
@@ -99,3 +106,92 @@ def test_the_supervisor_has_all_that_job_follow_asks_of_it(tmp_path: Path) -> No
                 if callable(member) and not name.startswith("_"))}
     assert {"job", "login", "session", "emit", "begin", "record"} <= needed
     assert sorted(name for name in needed if not hasattr(sup, name)) == []
+
+
+class Recorder(Session):
+    """A session that answers every command with `answer` and records what it was asked and
+    whether it was closed."""
+
+    is_local = False
+
+    def __init__(self, host: str, answer: str = "") -> None:
+        self.host = host
+        self.answer = answer
+        self.asked: list[list[str]] = []
+        self.closed = False
+
+    async def run(self, argv: list[str], stdin: bytes = b"",
+                  timeout: float | None = None) -> CommandResult:
+        self.asked.append(argv)
+        return CommandResult(0, self.answer.encode(), b"")
+
+    async def stream(self, argv: list[str], stdin: bytes = b"") -> Stream:
+        raise AssertionError(f"not streamed here: {argv}")
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def test_reach_ssh_opens_the_nodes_address_through_the_login_node(tmp_path: Path) -> None:
+    profile = loads_profile(PROFILE.replace('target = "local"', 'target = "login1"')
+                            + 'reach = "ssh"\n', tmp_path / "job.toml")
+    login = Recorder("login1", NODE_2)
+    opened: list[HostConfig] = []
+    node = Recorder("10.231.2.2", "from the node")
+
+    async def opener(host: HostConfig) -> Session:
+        opened.append(host)
+        return node
+
+    reached = await remote_slurm.reach_node(login, profile, "19", "node-2", opener)
+    assert login.asked == [["scontrol", "show", "node", "-o", "node-2"]]
+    assert [(h.target, h.jump) for h in opened] == [("10.231.2.2", "login1")]
+    assert reached.host == "node-2 (job 19)"
+    done = await reached.run(["python3", "-c", "pass"])
+    assert done.stdout == b"from the node" and node.asked == [["python3", "-c", "pass"]]
+    assert await reached.leave() is login and node.closed and not login.closed
+    await reached.close()
+    assert login.closed
+
+
+async def test_reach_step_is_the_default_and_asks_nothing_first(tmp_path: Path) -> None:
+    login = Recorder("login")
+
+    async def opener(host: HostConfig) -> Session:
+        raise AssertionError(f"no SSH to the node for a step: {host}")
+
+    reached = await remote_slurm.reach_node(
+        login, loads_profile(PROFILE, tmp_path / "job.toml"), "19", "node-2", opener)
+    assert login.asked == []
+    await reached.run(["true"])
+    assert login.asked[0][:2] == ["srun", "--jobid=19"] and login.asked[0][-1] == "true"
+    assert await reached.leave() is login and not login.closed
+
+
+@pytest.mark.parametrize("term_first", [False, True], ids=["in the hold", "before the exit"])
+def test_the_kill_hold_ends_at_the_schedulers_sigterm(tmp_path: Path, term_first: bool) -> None:
+    """The job script's launch, its server over and a kill's hold under way (kill.hold), ends
+    at scancel's SIGTERM, also when the SIGTERM came before it had read the server's end (the
+    scancel right after the verified kill): where the scheduler tracks processes by their
+    parents it would otherwise outlive its job (the lane saw it, orphaned, for the hold's 3
+    minutes)."""
+    (tmp_path / "kill.hold").touch()
+    if not term_first:
+        (tmp_path / "exit.json").write_text('{"code": 0}')
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from tui.agent.launch import _hold; "
+         "print('holding', flush=True); sys.exit(_hold(sys.argv[1], {}))", str(tmp_path)],
+        stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"holding\n"
+        time.sleep(0.3)
+        assert holder.poll() is None, "the hold ended with kill.hold still there"
+        holder.send_signal(signal.SIGTERM)
+        if term_first:
+            time.sleep(0.3)
+            assert holder.poll() is None, "the hold ended before the server's end"
+            (tmp_path / "exit.json").write_text('{"code": 0}')
+        assert holder.wait(3) == 0
+    finally:
+        holder.kill()
+        holder.wait()

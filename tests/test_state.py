@@ -202,6 +202,23 @@ def test_a_reported_negative_exit_code_is_the_signal_that_killed_it(seen: str) -
     assert "signal 9" in m.death.summary()
 
 
+def test_a_reported_code_is_taken_under_the_name_the_process_was_logged_by_before() -> None:
+    """vLLM's CPU worker logs first as VllmWorker-0, then as Worker; its engine core reports
+    its death by the first name (the vLLM lane's worker SIGKILLed inside a Slurm job)."""
+    m = _machine()
+    _feed(m, ["(VllmWorker-0 pid=303) WARNING 12-07 19:23:17 [vllm.py:725] Model Runner V2 "
+              "requires Triton; using the V1 model runner instead.",
+              "(Worker pid=303) INFO 12-07 19:25:27 [cpu_model_runner.py:68] Starting to load "
+              "model /models/tiny-llama..."], T0 + 5)
+    m.feed_exit(ProcExit(303, "VLLM::Worker", None, None, T0 + 6, False), T0 + 6)
+    assert m.death is not None and (m.death.process, m.death.signal) == ("Worker", None)
+    events = _feed(m, ["(EngineCore pid=200) ERROR 12-07 19:25:32 [multiproc_executor.py:315] "
+                       "Worker proc VllmWorker-0 died unexpectedly (exit code: -9), shutting "
+                       "down executor."], T0 + 7)
+    assert (m.death.process, m.death.code, m.death.signal) == ("Worker", None, 9)
+    assert any(isinstance(e, CauseUpdated) for e in events)
+
+
 def test_stall_needs_a_quiet_log_and_frozen_gpu_memory() -> None:
     m = _machine(stall=60.0)
     _feed(m, STORY[:4], T0 + 1)

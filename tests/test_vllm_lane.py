@@ -33,6 +33,8 @@ import pytest
 from containers.conftest import containers_of
 from containers.setup_docker import IMAGE
 from helpers import carriers, free_port, until_event
+from slurm.conftest import end_jobs, lane_cluster
+from slurm.slurmlab import Cluster
 from vllm_lane.lane import (
     SHADOW_DIR,
     DeathWatch,
@@ -47,6 +49,7 @@ from vllm_lane.setup_env import env_dir
 
 from tui.core.acceptance import parse_interval, parse_totals
 from tui.core.cluster import HEADLESS_JOINED
+from tui.core.describe import death_lines
 from tui.core.phases import Phase, detect_phase
 from tui.core.profile import Profile, load_profile
 from tui.core.state import (
@@ -848,3 +851,66 @@ async def test_in_a_container_the_story_is_dead_naming_vllms_process_and_its_syn
             death.summary(), f"{cause.process} pid {cause.pid}: {cause.line}"]
         keep_log(w, lane_dir, "vllm-real-crash-container.log")
         await kill_boxed(w, [])
+
+
+# -- i. inside a Slurm job (issue 34): the lane's cluster (tests/slurm/slurmlab.py) -------------
+
+SLURM_TABLE = """
+[slurm]
+partition = "batch"
+time = "10"
+job_name = "vllm"
+"""
+
+
+@pytest.fixture
+def slurm_jobs() -> Iterator[tuple[Cluster, list[str]]]:
+    """The lane's cluster (`bootstrap vllm` starts it as the Slurm lane does) and the jobs a
+    test submits, cancelled after it."""
+    cluster = lane_cluster()
+    ids: list[str] = []
+    yield cluster, ids
+    end_jobs(cluster, ids)
+
+
+async def test_inside_a_slurm_job_ready_then_a_worker_killed_is_dead_in_vllms_own_words(
+        tmp_path: Path, scratch: Path, figures: dict[str, Any], sweep: list[str],
+        slurm_jobs: tuple[Cluster, list[str]]) -> None:
+    """Real `vllm serve` as a job of the lane's cluster, on the node the scheduler picks (its
+    network namespace), reached as a step of the job: READY, then its worker SIGKILLed: DEAD
+    naming it, the cause lines vLLM's own, never the scheduler's; kill is scancel's."""
+    cluster, jobs = slurm_jobs
+    profile = lane_profile(tmp_path, "vllm-slurm", scratch, edit=lambda text: text + SLURM_TABLE)
+    async with watched(profile, sweep) as w:
+        started = time.monotonic()
+        await w.launch()
+        assert w.sup.job is not None and w.sup.job.node is not None
+        jobs.append(w.sup.job.job_id)
+        await w.first(lambda e: isinstance(e, Ready), READY_TIMEOUT)
+        figures["in a Slurm job: submit to READY (s)"] = round(time.monotonic() - started, 1)
+        api = w.sup.run.pid
+        assert os.readlink(f"/proc/{api}/ns/net") == os.readlink(
+            f"/proc/{cluster.slurmd_pid(w.sup.job.node)}/ns/net"), "not on the job's node"
+        worker = (await until_tree(w, ("APIServer", "EngineCore", "Worker")))["Worker"]
+        killed_at = time.time()
+        os.kill(worker.pid, signal.SIGKILL)
+        died_at, died = await w.first(lambda e: isinstance(e, Died), 10)
+        figures["in a Slurm job: worker SIGKILL to DEAD (ms)"] = round(
+            (died_at - killed_at) * 1000)
+        assert died.death.pid == worker.pid and died.death.ended_by is None
+        await _settle(w, 3.0)
+        death = w.sup.machine.death
+        assert death is not None and death.process == "Worker" and death.signal == 9
+        said = death_lines(death)
+        assert said[1].startswith("root cause: killed by SIGKILL from outside the process")
+        # the lines that tell it are vLLM's own, word for word from its log: its executor's
+        # report of the worker's death first, then the engine's and the API server's ends
+        symptoms = w.sup.machine.tracker.symptoms
+        log = (Path(w.sup.run.run_dir) / "server.log").read_text(errors="replace")
+        assert symptoms and all(symptom in log for symptom in symptoms), symptoms
+        assert symptoms[0].startswith("Worker proc VllmWorker-0 died unexpectedly"), symptoms
+        assert any("EngineDeadError" in symptom for symptom in symptoms), symptoms
+        figures["in a Slurm job: the death"] = [*said, *(f"symptom: {s}" for s in symptoms)]
+        await w.sup.kill(10.0)
+        assert carriers(w.sup.run.run_id) == []
+        assert w.sup.job.end is not None and w.sup.job.end.state in ("CANCELLED", "COMPLETED")

@@ -16,6 +16,7 @@ Ray environment likewise, by ensure_lab_env (in $SPECCONSOLE_LAB_ENV or
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -27,6 +28,7 @@ import time
 import urllib.parse
 import urllib.request
 import venv
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -203,8 +205,11 @@ def run_vllm_lane(extra_args: list[str]) -> int:
         return setup.returncode
     if not ensure_docker("vllm"):
         return 1
-    code = _lane_tests("vllm", "vllm", "tests/test_vllm_lane.py", "SPECCONSOLE_VLLM_FIGURES",
-                       extra_args)
+    with slurm_cluster("vllm") as env:  # one case runs vLLM inside a Slurm job
+        if env is None:
+            return 1
+        code = _lane_tests("vllm", "vllm", "tests/test_vllm_lane.py", "SPECCONSOLE_VLLM_FIGURES",
+                           extra_args, env)
     print(f"vllm lane: {time.monotonic() - started:.0f} s in all", flush=True)
     return code
 
@@ -370,31 +375,49 @@ def run_containers_lane(extra_args: list[str]) -> int:
 
 
 # The Slurm lane's cluster (tests/slurm/slurmlab.py): Debian's Slurm 22.05 and munge; slurmd
-# joins each node's network namespace with nsenter (util-linux).
+# joins each node's network namespace with nsenter (util-linux); the login node over SSH and
+# the nodes' sshd are the fault lab's (LAB_TOOLS).
 SLURM_TOOLS = {"slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sbatch": "slurm-wlm",
                "munged": "munge", "ip": "iproute2", "nsenter": "util-linux",
-               "iptables": "iptables"}
+               "iptables": "iptables", **LAB_TOOLS}
+
+
+SLURM_CONF_ENV = "SPECCONSOLE_SLURM_CONF"  # where the lanes' tests find the cluster
+
+
+@contextlib.contextmanager
+def slurm_cluster(lane: str) -> Iterator[dict[str, str] | None]:
+    """The Slurm lane's cluster up on this machine (munged, slurmctld, one slurmd per node in
+    its own network namespace: tests/slurm/slurmlab.py), its packages installed when missing,
+    for the tests of `lane` (the environment that finds it); taken down after. None after the
+    one line `<lane> lane setup: why`."""
+    why = ensure_packages(SLURM_TOOLS)
+    if why is not None:
+        print(f"{lane} lane setup: {why}", file=sys.stderr)
+        yield None
+        return
+    lab = ROOT / "tests" / "slurm" / "slurmlab.py"
+    with tempfile.TemporaryDirectory(prefix="specconsole-slurm-") as tmp:
+        # it prints its figures, or its one line `slurm lane setup: why`
+        if subprocess.run([sys.executable, str(lab), "up", tmp], cwd=ROOT).returncode != 0:
+            yield None
+            return
+        try:
+            yield {SLURM_CONF_ENV: str(Path(tmp) / "slurm.conf")}
+        finally:
+            subprocess.run([sys.executable, str(lab), "down", tmp], cwd=ROOT)
 
 
 def run_slurm_lane(extra_args: list[str]) -> int:
-    """A real Slurm cluster on this machine (munged, slurmctld, one slurmd per node in its own
-    network namespace: tests/slurm/slurmlab.py), then the tests marked `slurm` against it, then
-    the cluster taken down. A setup failure is its one line and exit 1: never a skip."""
+    """A real Slurm cluster on this machine (slurm_cluster), then the tests marked `slurm`
+    against it, then the cluster taken down. A setup failure is its one line and exit 1: never
+    a skip."""
     started = time.monotonic()
-    why = ensure_packages(SLURM_TOOLS)
-    if why is not None:
-        print(f"slurm lane setup: {why}", file=sys.stderr)
-        return 1
-    lab = ROOT / "tests" / "slurm" / "slurmlab.py"
-    with tempfile.TemporaryDirectory(prefix="specconsole-slurm-") as tmp:
-        if subprocess.run([sys.executable, str(lab), "up", tmp], cwd=ROOT).returncode != 0:
+    with slurm_cluster("slurm") as env:
+        if env is None:
             return 1
-        try:
-            code = _lane_tests("slurm", "slurm", "tests/slurm", "SPECCONSOLE_SLURM_FIGURES",
-                               extra_args, {"SPECCONSOLE_SLURM_CONF": str(Path(tmp) /
-                                                                          "slurm.conf")})
-        finally:
-            subprocess.run([sys.executable, str(lab), "down", tmp], cwd=ROOT)
+        code = _lane_tests("slurm", "slurm", "tests/slurm",
+                           "SPECCONSOLE_SLURM_FIGURES", extra_args, env)
     print(f"slurm lane: {time.monotonic() - started:.0f} s in all", flush=True)
     return code
 

@@ -189,17 +189,14 @@ class Lab:
     def _keys(self) -> None:
         self.keys.mkdir(parents=True, exist_ok=True)
         for name in ("client_ed25519", "host_gpu-a", "host_gpu-b"):
-            if not (self.keys / name).exists():
-                _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"lab-{name}",
-                    "-f", str(self.keys / name))
+            make_key(self.keys, name)
         authorized = self.keys / "authorized_keys"
         authorized.write_text((self.keys / "client_ed25519.pub").read_text())
         authorized.chmod(0o600)
         lines = []
         for host in HOSTS:
-            key = " ".join((self.keys / f"host_{host}.pub").read_text().split()[:2])
             addr = self.address(host)
-            lines.append(f"{addr},[{addr}]:{PROXY_PORT} {key}\n")
+            lines.append(f"{addr},[{addr}]:{PROXY_PORT} {public_key(self.keys, host)}\n")
         self.known_hosts.write_text("".join(lines))
         self.ssh_config.write_text(
             "Host *\n"
@@ -211,26 +208,7 @@ class Lab:
             "    BatchMode yes\n")
 
     def _sshd_config(self, host: str) -> None:
-        folder = self.workdir / host
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "sshd_config").write_text(f"""\
-ListenAddress 0.0.0.0
-Port 22
-HostKey {self.keys / f'host_{host}'}
-PidFile {folder / 'sshd.pid'}
-AuthorizedKeysFile {self.keys / 'authorized_keys'}
-PermitRootLogin prohibit-password
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-# keys live under /tmp (mode 1777): StrictModes yes would refuse them
-StrictModes no
-AllowTcpForwarding yes
-MaxStartups 100
-MaxSessions 100
-LogLevel INFO
-""")
+        write_sshd_config(self.workdir / host, self.keys, host)
 
     def down(self) -> None:
         """Kill everything in the namespaces (all started by the lab or its tests), delete
@@ -277,28 +255,7 @@ LogLevel INFO
         old = self._sshd.get(self._check(host))
         if old is not None and old.poll() is None:
             return
-        folder = self.workdir / host
-        config = folder / "sshd_config"
-        _sh(SSHD, "-t", "-f", str(config))
-        log = folder / "sshd.log"
-        start = log.stat().st_size if log.exists() else 0
-        (folder / "sshd.pid").unlink(missing_ok=True)
-        with log.open("ab") as out:
-            self._sshd[host] = subprocess.Popen(
-                ["ip", "netns", "exec", self.ns[host], "unshare", "--uts", "sh", "-c",
-                 f"hostname {host} && exec {SSHD} -D -e -f {config}"],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with log.open("rb") as f:
-                f.seek(start)
-                if b"Server listening" in f.read():
-                    return
-            if self._sshd[host].poll() is not None:
-                break
-            time.sleep(0.02)
-        raise RuntimeError(f"lab: sshd on {host} did not start: "
-                           f"{log.read_bytes()[start:].decode(errors='replace')[-2000:]}")
+        self._sshd[host] = spawn_sshd(self.ns[host], host, self.workdir / host)
 
     def kill_sshd(self, host: str, sig: int = signal.SIGKILL) -> None:
         """The listener and every session sshd in the host's namespace (killing only the
@@ -396,6 +353,72 @@ LogLevel INFO
         """A command inside the host's namespace (not over SSH)."""
         return subprocess.run(["ip", "netns", "exec", self.ns[self._check(host)], *argv],
                               capture_output=True, text=True, timeout=timeout)
+
+
+# ------------------------------------------------------------------------------ sshd
+
+def make_key(keys: Path, name: str) -> None:
+    """An ed25519 key pair `keys/name` (and .pub), unless it exists."""
+    if not (keys / name).exists():
+        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"lab-{name}",
+            "-f", str(keys / name))
+
+
+def public_key(keys: Path, host: str) -> str:
+    """`host`'s public host key as known_hosts takes it (type and key)."""
+    return " ".join((keys / f"host_{host}.pub").read_text().split()[:2])
+
+
+def write_sshd_config(folder: Path, keys: Path, host: str, extra: str = "") -> None:
+    """`folder/sshd_config` for `host`: its host key keys/host_<host>, the client key's
+    authorized_keys; `extra` lines appended (SetEnv, ...)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    make_key(keys, f"host_{host}")
+    (folder / "sshd_config").write_text(f"""\
+ListenAddress 0.0.0.0
+Port 22
+HostKey {keys / f'host_{host}'}
+PidFile {folder / 'sshd.pid'}
+AuthorizedKeysFile {keys / 'authorized_keys'}
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+# keys live under /tmp (mode 1777): StrictModes yes would refuse them
+StrictModes no
+AllowTcpForwarding yes
+MaxStartups 100
+MaxSessions 100
+LogLevel INFO
+{extra}""")
+
+
+def spawn_sshd(ns: str, host: str, folder: Path) -> subprocess.Popen[bytes]:
+    """The system's sshd with `folder/sshd_config`, in network namespace `ns` and a UTS
+    namespace of its own (`hostname` says `host`), logging to folder/sshd.log; returned once
+    it listens."""
+    config = folder / "sshd_config"
+    _sh(SSHD, "-t", "-f", str(config))
+    log = folder / "sshd.log"
+    start = log.stat().st_size if log.exists() else 0
+    (folder / "sshd.pid").unlink(missing_ok=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c",
+             f"hostname {host} && exec {SSHD} -D -e -f {config}"],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with log.open("rb") as f:
+            f.seek(start)
+            if b"Server listening" in f.read():
+                return proc
+        if proc.poll() is not None:
+            break
+        time.sleep(0.02)
+    raise RuntimeError(f"lab: sshd on {host} did not start: "
+                       f"{log.read_bytes()[start:].decode(errors='replace')[-2000:]}")
 
 
 # ------------------------------------------------------------------------------ delay proxy

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 from helpers import keep_figure
+from lab.netlab import Lab, missing_requirements
 
 from slurm.slurmlab import Cluster
+from slurm.sshlogin import SshLogin
 
 CONF_ENV = "SPECCONSOLE_SLURM_CONF"
 FIGURES_ENV = "SPECCONSOLE_SLURM_FIGURES"  # `bootstrap slurm` prints what the tests wrote
@@ -32,6 +34,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def cluster() -> Cluster:
+    return lane_cluster()
+
+
+def lane_cluster() -> Cluster:
     """The lane's running cluster; SLURM_CONF is set for this process (and what it starts)."""
     conf = os.environ.get(CONF_ENV)
     if not conf or not Path(conf).exists():
@@ -51,9 +57,37 @@ def jobs(cluster: Cluster) -> Iterator[list[str]]:
     nodes are waited on until idle again so the next test starts on an empty cluster."""
     ids: list[str] = []
     yield ids
+    end_jobs(cluster, ids)
+
+
+def end_jobs(cluster: Cluster, ids: list[str]) -> None:
+    """Cancel the jobs, and wait until the nodes are idle again."""
     if ids:
         subprocess.run(["scancel", *ids], env=cluster.env, capture_output=True)
     cluster.wait_idle(60)
+
+
+@pytest.fixture(scope="session")
+def ssh_login(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshLogin]:
+    """The login node over SSH (the fault lab's gpu-a, wired to the cluster) and sshd on each
+    node; the lab's ssh_config (its client key) for this process's SSH sessions."""
+    why = missing_requirements()
+    if why is not None:
+        pytest.fail(why)
+    lab = Lab.up(tmp_path_factory.mktemp("lab"))
+    login = SshLogin(cluster, lab)
+    saved = os.environ.get("SPECCONSOLE_SSH_CONFIG")
+    try:
+        login.up()
+        os.environ["SPECCONSOLE_SSH_CONFIG"] = str(lab.ssh_config)
+        yield login
+    finally:
+        if saved is None:
+            os.environ.pop("SPECCONSOLE_SSH_CONFIG", None)
+        else:
+            os.environ["SPECCONSOLE_SSH_CONFIG"] = saved
+        login.down()
+        lab.down()
 
 
 def record_figure(name: str, value: object) -> None:

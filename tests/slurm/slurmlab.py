@@ -155,6 +155,20 @@ class Cluster:
     def env(self) -> dict[str, str]:
         return slurm_env(self.conf)
 
+    def address(self, node: str) -> str:
+        """The node's address (its NodeAddr)."""
+        return f"{net(self._slot)}.{self.nodes.index(node) + 1}.2"
+
+    @property
+    def _slot(self) -> int:
+        if self.slot is None:
+            raise SetupError(f"no cluster was set up in {self.workdir} (no slot file)")
+        return self.slot
+
+    def _link(self, index: int) -> str:
+        """The login node's end of node `index`'s veth pair."""
+        return f"{NS_PREFIX}{self.slot}n{index}"
+
     # -- up --------------------------------------------------------------------------------
 
     def up(self, timeout: float = 60) -> dict[str, str]:
@@ -179,6 +193,8 @@ class Cluster:
             (self.workdir / "spool" / node).mkdir(exist_ok=True, mode=0o700)
         self.conf.write_text(slurm_conf(self.workdir, self.nodes, self.slot))
         (self.workdir / "cgroup.conf").write_text(CGROUP_CONF)
+        (self.workdir / "hosts").write_text("127.0.0.1 localhost\n" + "".join(
+            f"{self.address(node)} {node}\n" for node in self.nodes))
         self._network()
         self._munged()
         self._daemon("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
@@ -215,10 +231,6 @@ class Cluster:
         links = f"{NS_PREFIX}{self.slot}n+"
         return [how, "FORWARD", "-i", links, "-o", links, "-j", "ACCEPT"]
 
-    def _link(self, index: int) -> str:
-        """The login node's end of node `index`'s veth pair."""
-        return f"{NS_PREFIX}{self.slot}n{index}"
-
     def _munged(self) -> None:
         key = self.munge / "munge.key"
         key.write_bytes(os.urandom(1024))
@@ -235,13 +247,17 @@ class Cluster:
                              env=self.env, start_new_session=True)
 
     def start_slurmd(self, node: str) -> None:
-        """slurmd for `node` in its namespace, with the node's name as its hostname. nsenter,
-        not `ip netns exec`: that mounts a sysfs of its own, without /sys/fs/cgroup, and
-        slurmd 22.05 will not start without its cgroup plugin's mount."""
-        conf = self.conf
+        """slurmd for `node` in its namespace, with the node's name as its hostname, and an
+        /etc/hosts of the cluster's (a mount namespace of its own, its jobs' too): the node's
+        name resolves as on a real cluster (gloo, torch.distributed and Ray ask for it; a DNS
+        lookup from the namespace would wait out its timeouts). nsenter, not `ip netns exec`:
+        that mounts a sysfs of its own, without /sys/fs/cgroup, and slurmd 22.05 will not
+        start without its cgroup plugin's mount."""
+        conf, hosts = self.conf, self.workdir / "hosts"
         self._daemon(f"slurmd-{node}", [
-            "nsenter", f"--net=/run/netns/{self.namespace(node)}", "unshare", "--uts", "sh", "-c",
-            f"hostname {node} && exec slurmd -D -f {conf} -N {node}"])
+            "nsenter", f"--net=/run/netns/{self.namespace(node)}", "unshare", "--uts", "--mount",
+            "sh", "-c", f"hostname {node} && mount --bind {hosts} /etc/hosts && "
+                        f"exec slurmd -D -f {conf} -N {node}"])
 
     def slurmd_pid(self, node: str) -> int | None:
         path = self.workdir / f"slurmd-{node}.pid"

@@ -162,23 +162,29 @@ def _hold(run_dir: str, info: dict) -> int:
     """Wait until the server ends (its exit.json, or its monitor gone), and any kill under way
     (KILL_HOLD) is over; the server's exit code is the job's (0, or 1). A SIGTERM meanwhile
     (the scheduler ending the job) TERMs the server's process group, and KILLs it after
-    HOLD_GRACE_S."""
-    code = _hold_server(run_dir, info)
+    HOLD_GRACE_S; a SIGTERM, before the server's end was read or during the kill's hold (the
+    scancel that follows the verified kill), ends the hold: where the scheduler tracks
+    processes by their parents (proctrack/linuxproc), a launch still holding once its job
+    script's shell has gone would outlive the job."""
+    term_at: list[float] = []  # when the scheduler's SIGTERM came
+    code = _hold_server(run_dir, info, term_at)
     hold = os.path.join(run_dir, KILL_HOLD)
     deadline = time.monotonic() + KILL_HOLD_MAX_S
-    while os.path.exists(hold) and time.monotonic() < deadline:
+    signal.signal(signal.SIGTERM, lambda signum, frame: term_at.append(time.monotonic()))
+    while os.path.exists(hold) and not term_at and time.monotonic() < deadline:
         time.sleep(HOLD_POLL_S)
     return code
 
 
-def _hold_server(run_dir: str, info: dict) -> int:
+def _hold_server(run_dir: str, info: dict, term_at: list[float]) -> int:
     exit_path = os.path.join(run_dir, "exit.json")
     pgid, monitor = info.get("pgid"), info.get("monitor_pid")
-    term_at: list[float] = []
 
     def on_term(signum: int, frame: object) -> None:
-        if not term_at and isinstance(pgid, int):
-            term_at.append(time.monotonic())
+        if term_at:
+            return
+        term_at.append(time.monotonic())
+        if isinstance(pgid, int):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGTERM)
                 os.killpg(pgid, signal.SIGCONT)

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from tui.core.profile import Profile, SlurmConfig, slurm_time_seconds
+from tui.core.profile import HostConfig, Profile, SlurmConfig, slurm_time_seconds
 
 RUN_ID_ENV = "SPECCONSOLE_RUN_ID"  # the agent's rundir.ENV_KEY: every process of a run has it
 JOB_SCRIPT = "job.sbatch"  # in the run directory: what was submitted, kept to read and rerun
@@ -138,6 +138,29 @@ def step_argv(job_id: str, node: str, argv: Sequence[str]) -> list[str]:
     of stdout (--quiet)."""
     return ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1",
             f"--nodelist={node}", "--kill-on-bad-exit=0", "--quiet", "--input=all", *argv]
+
+
+def show_node_argv(node: str) -> list[str]:
+    return ["scontrol", "show", "node", "-o", node]
+
+
+def parse_node_address(text: str, node: str) -> str:
+    """Where the scheduler reaches `node` (its NodeAddr in `scontrol show node -o`): where SSH
+    reaches it too. The node's name when the answer has none."""
+    return parse_fields(text).get("NodeAddr") or node
+
+
+def node_host(login: HostConfig, address: str) -> HostConfig:
+    """The [host] of a job's node reached over SSH (reach = "ssh", where pam_slurm_adopt lets a
+    job's owner in): its address, through the login node as the last jump host when the login
+    node is itself remote; the login's user, known_hosts, host-key strictness, keepalive,
+    connect timeout, Python and directories (a cluster's shared filesystem)."""
+    remote = login.target != "local"
+    user = login.target.rpartition("@")[0] if remote else ""
+    host = f"[{address}]" if ":" in address else address
+    jumps = [login.jump, login.target] if remote else []
+    return replace(login, target=f"{user}@{host}" if user else host,
+                   jump=",".join(j for j in jumps if j) or None)
 
 
 def parse_job_id(stdout: str) -> str:

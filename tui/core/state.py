@@ -251,6 +251,9 @@ class LaunchMachine:
     # vLLM's own names and reported exit codes, from the log: a process that died young or
     # was reaped by its parent is known to the agent only by a provisional name and no code
     log_names: dict[int, str] = field(default_factory=dict)
+    # the names a process was logged under before its latest (vLLM's CPU worker logs first as
+    # VllmWorker-0, then as Worker; its parent reports its death by the first)
+    former_names: dict[int, list[str]] = field(default_factory=dict)
     # a containerised run: each host pid's pid inside the container, which the log prints
     container_pids: dict[int, int] = field(default_factory=dict)
     log_clock: LogClock | None = None
@@ -354,6 +357,8 @@ class LaunchMachine:
         for i, line in enumerate(read.lines):
             msg = line.message
             if line.pid is not None and line.proc and names.get(line.pid) != line.proc:
+                if line.pid in names:
+                    self.former_names.setdefault(line.pid, []).append(names[line.pid])
                 names[line.pid] = line.proc
             if "exit code" in msg or "core proc" in msg:
                 self._note_reported_code(msg)
@@ -402,6 +407,11 @@ class LaunchMachine:
         if death.code is not None or death.signal is not None:
             return death
         if death.process not in self.reported_codes:
+            former = self.former_names.get(self.container_pids.get(death.pid, death.pid), ())
+            alias = next((n for n in former if n in self.reported_codes), None)
+            if alias is not None:  # the same process, reported under its earlier name
+                code, sig = _status(self.reported_codes[alias], None)
+                return replace(death, code=code, signal=sig)
             name = next((n for n in self.reported_codes if n in self.died_with), None)
             if name is None:
                 return death

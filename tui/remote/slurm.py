@@ -1,5 +1,6 @@
 """Slurm on the login node: submit a run's job, ask the scheduler about it, cancel it, and reach
-its node as a step of the job (StepSession) so that the agent runs there as on any host.
+its node (reach_node: as a step of the job, StepSession, or over SSH, NodeSession) so that the
+agent runs there as on any host.
 
 The job script and the reading of the scheduler's answers are tui.core.slurm's; this module
 runs the commands through the login node's session and writes the run directory's files.
@@ -9,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from tui.core import slurm
 from tui.core.command import host_python, served_by
 from tui.core.errors import AgentError, SessionError
-from tui.core.profile import Profile
+from tui.core.profile import HostConfig, Profile
 from tui.core.protocol import agent_stdin
 from tui.remote.agent_archive import agent_archive
 from tui.remote.interface import CommandResult, Session, Stream, one_line
@@ -56,10 +57,9 @@ _WRITE_WHOLE = ("import os,sys;t=sys.argv[1]+'.part';"
                 "os.rename(t,sys.argv[1])")
 
 
-class StepSession(Session):
-    """Commands on a job's node, each a step of the job run from the login node (`srun --jobid
-    J --overlap -w NODE`: tui.core.slurm.step_argv), its stdin and stdout forwarded; no SSH to
-    the node. Closing it closes the login node's session."""
+class JobSession(Session):
+    """Commands on a running job's node, however it is reached; the login node's session is
+    kept beside (the scheduler is asked there). Closing it closes both."""
 
     is_local = False
 
@@ -68,6 +68,16 @@ class StepSession(Session):
         self.job_id = job_id
         self.node = node
         self.host = f"{node} (job {job_id})"
+
+    async def leave(self) -> Session:
+        """The login node's session alone, once the job is over (its node no longer reached)."""
+        return self.login
+
+
+class StepSession(JobSession):
+    """Commands on a job's node, each a step of the job run from the login node (`srun --jobid
+    J --overlap -w NODE`: tui.core.slurm.step_argv), its stdin and stdout forwarded; no SSH to
+    the node."""
 
     async def run(self, argv: list[str], stdin: bytes = b"",
                   timeout: float | None = None) -> CommandResult:
@@ -79,6 +89,54 @@ class StepSession(Session):
 
     async def close(self) -> None:
         await self.login.close()
+
+
+class NodeSession(JobSession):
+    """Commands on a job's node over an SSH session of its own (reach = "ssh": the node's
+    sshd lets the job's owner in, pam_slurm_adopt adopting the session into the job)."""
+
+    def __init__(self, login: Session, job_id: str, node: str, ssh: Session) -> None:
+        super().__init__(login, job_id, node)
+        self.ssh = ssh
+
+    async def run(self, argv: list[str], stdin: bytes = b"",
+                  timeout: float | None = None) -> CommandResult:
+        return await self.ssh.run(argv, stdin, timeout)
+
+    async def stream(self, argv: list[str], stdin: bytes = b"") -> Stream:
+        return await self.ssh.stream(argv, stdin)
+
+    async def leave(self) -> Session:
+        await self.ssh.close()
+        return self.login
+
+    async def close(self) -> None:
+        try:
+            await self.ssh.close()
+        finally:
+            await self.login.close()
+
+
+Opener = Callable[[HostConfig], Awaitable[Session]]
+
+
+async def node_address(session: Session, node: str) -> str:
+    """Where the scheduler reaches `node` (its NodeAddr): SSH reaches it there."""
+    text = await _checked(session, slurm.show_node_argv(node), timeout=30)
+    return slurm.parse_node_address(text, node)
+
+
+async def reach_node(login: Session, profile: Profile, job_id: str, node: str,
+                     opener: Opener) -> JobSession:
+    """The session on a running job's node as the profile's [slurm] reach says: a step of the
+    job (the default, and an attached job's), or SSH to the node's address (`opener`, the
+    [host] of tui.core.slurm.node_host: through the login node when that is remote, its host
+    keys checked as any host's)."""
+    if profile.slurm is None or profile.slurm.reach == "step":
+        return StepSession(login, job_id, node)
+    address = await node_address(login, node)
+    ssh = await opener(slurm.node_host(profile.host, address))
+    return NodeSession(login, job_id, node, ssh)
 
 
 @dataclass(frozen=True, slots=True)

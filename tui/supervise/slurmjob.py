@@ -24,7 +24,7 @@ from typing import Protocol
 
 from tui.core import slurm
 from tui.core.command import secret_checks, served_by
-from tui.core.errors import JobNeverStarts, RunNotFound, SpecconsoleError
+from tui.core.errors import JobNeverStarts, RunNotFound, SessionError, SpecconsoleError
 from tui.core.profile import Profile, SlurmConfig
 from tui.core.protocol import Check, Killed, KillStep, RunRecord
 from tui.core.specconfig import speculative_checks
@@ -134,7 +134,8 @@ class JobSupervisor(Protocol):
     clock: Callable[[], float]
     job: JobRun | None
     login: Session | None  # the login node's own session
-    session: Session | None  # the job's node, as a step of the job, once allocated
+    session: Session | None  # the job's node (remote slurm.reach_node), once allocated
+    opener: remote_slurm.Opener  # a host's session: the node's, for reach = "ssh"
     run: RunInfo | None
     machine: LaunchMachine
     ready_at: float | None  # when the run was last READY (the supervisor's clock)
@@ -158,6 +159,28 @@ class JobFollow:
     def __init__(self, sup: JobSupervisor) -> None:
         self.sup = sup
 
+    async def reach(self, login: Session, job_id: str, node: str) -> remote_slurm.JobSession:
+        """The session on the job's node, as the profile's reach says (remote
+        slurm.reach_node: a step of the job, or SSH through the login node)."""
+        return await remote_slurm.reach_node(login, self.sup.profile, job_id, node,
+                                             self.sup.opener)
+
+    async def reach_or_cancel(self, login: Session, job_id: str, node: str
+                              ) -> remote_slurm.JobSession:
+        """reach(), for a job this launch submitted: a node that cannot be reached (reach =
+        "ssh": its key unknown or changed, the login refused) cancels the job, said in one
+        line, never a job left running unwatched."""
+        sup = self.sup
+        try:
+            return await self.reach(login, job_id, node)
+        except SessionError as exc:
+            ended = await remote_slurm.cancel(login, job_id)
+            if sup.job is not None:
+                sup.job.end = slurm.SchedulerEnd(ended.state if ended else "CANCELLED", job_id,
+                                                 node, None, None, None, str(exc))
+            raise SessionError(node, f"job {job_id}'s node could not be reached, so the job "
+                                     f"was cancelled (scancel {job_id}): {exc}") from None
+
     async def launch_job(self, skip_preflight: bool) -> RunInfo:
         """A [slurm] profile: the scheduler's preflight (sbatch --test-only), the job script
         written into the run directory and submitted from the login node, the queue followed
@@ -172,7 +195,7 @@ class JobFollow:
             await sup.run_preflight()
         plan = launcher.plan_launch(sup.profile, sup.environ, sup.clock())
         _, job = await self.submit_job(remote_slurm.submit(login, sup.profile, plan))
-        sup.session = remote_slurm.StepSession(login, job.job_id, str(job.node))
+        sup.session = await self.reach_or_cancel(login, job.job_id, str(job.node))
         return await self.started(plan)
 
     async def launch_member(self) -> RunInfo:
@@ -185,7 +208,7 @@ class JobFollow:
         plan = launcher.plan_launch(sup.profile, sup.environ, sup.clock())
         await remote_slurm.request_launch(login, sup.profile, plan, sup.job.job_dir,
                                           sup.job.job_id, sup.job.node)
-        sup.session = remote_slurm.StepSession(login, sup.job.job_id, sup.job.node)
+        sup.session = await self.reach_or_cancel(login, sup.job.job_id, sup.job.node)
         return await self.started(plan)
 
     async def submit_job(self, submitting: Awaitable[remote_slurm.Submitted]
@@ -288,7 +311,7 @@ class JobFollow:
                                            job.reason)
         sup.job = found
         if found.end is None and found.node is not None:
-            sup.session = remote_slurm.StepSession(login, job_id, found.node)
+            sup.session = await self.reach(login, job_id, found.node)
         return found
 
     async def attach_job(self, job_id: str) -> str:
@@ -308,7 +331,7 @@ class JobFollow:
                               "attach to")
         sup.job = JobRun(job_id, None, job.node, job.restarts)
         sup.job.seen(job, sup.clock())
-        sup.session = remote_slurm.StepSession(login, job_id, job.node)
+        sup.session = await self.reach(login, job_id, job.node)
         found = await remote_slurm.job_server(sup.session, sup.profile, job_id)
         if found is None:
             raise RunNotFound(f"job {job_id} on {job.node} runs no process but its script's "
@@ -368,8 +391,8 @@ class JobFollow:
         end = await self.told(job, taken)
         sup.job.end, sup.job.job = end, job or sup.job.job
         sup.stop_watching()
-        if isinstance(sup.session, remote_slurm.StepSession):
-            sup.session = sup.login  # the job's steps are over
+        if isinstance(sup.session, remote_slurm.JobSession):
+            sup.session = await sup.session.leave()  # its node is no longer reached
         now = sup.clock()
         ready_for = now - sup.ready_at if sup.ready_at is not None else None
         death = sup.machine.death
@@ -424,7 +447,7 @@ class JobFollow:
             had = job_run.allocations or ((end.node,) if end.node else ())
             job_run.allocations = tuple(dict.fromkeys((*had, *job.nodes)))
             sup.record(nodes=job_run.allocations)
-            sup.session = remote_slurm.StepSession(login, job_run.job_id, str(job.node))
+            sup.session = await self.reach_or_cancel(login, job_run.job_id, str(job.node))
             record = await self.job_record(run.run_id, job.restarts)
         except (JobNeverStarts, SpecconsoleError) as exc:
             cancel = isinstance(exc, JobNeverStarts)

@@ -392,7 +392,12 @@ class Supervisor:
                 self._python_checked = True
             self.login = session
             if self.job is not None and self.job.node is not None and self.job.end is None:
-                session = remote_slurm.StepSession(session, self.job.job_id, self.job.node)
+                try:
+                    session = await remote_slurm.reach_node(
+                        session, self.profile, self.job.job_id, self.job.node, self.opener)
+                except BaseException:
+                    await session.close()
+                    raise
             self.session = session
         return self.session
 

@@ -20,8 +20,9 @@ from tui.core.profile.checks import (
 )
 
 # how the agent reaches a Slurm job's node: "step", a step of the job (`srun --jobid J
-# --overlap`, no SSH to compute nodes), the one built so far
-SLURM_REACH = ("step",)
+# --overlap`, no SSH to compute nodes: any stock Slurm); "ssh", SSH to the node (through the
+# login node when [host] is remote), where the site lets a job's owner in (pam_slurm_adopt)
+SLURM_REACH = ("step", "ssh")
 # sbatch options the job script writes itself (tui.core.slurm), refused in sbatch_args
 SLURM_OWNED_OPTIONS = ("--output", "-o", "--error", "-e", "--job-name", "-J", "--parsable",
                        "--wrap", "--test-only", "--chdir", "-D", "--export", "--nodes", "-N")
@@ -44,7 +45,7 @@ class SlurmConfig:
     constraint: str | None = None
     sbatch_args: tuple[str, ...] = ()  # further sbatch words, one option each
     job_name: str | None = None  # the profile's name when unset
-    reach: str = "step"  # SLURM_REACH
+    reach: str = "step"  # SLURM_REACH: how the agent reaches the job's node
     alert_before: float = 600.0  # the time-left alert, seconds before the job's end
 
     @property
