@@ -21,6 +21,7 @@ from tui.core.protocol import ProcExit
 from tui.core.state import Died
 from tui.remote import slurm as remote_slurm
 from tui.remote.interface import CommandResult, Session, Stream
+from tui.supervise.events import KillDone, RunInfo
 from tui.supervise.slurmjob import JobRun, JobSupervisor
 from tui.supervise.supervisor import Supervisor
 
@@ -95,6 +96,58 @@ async def test_node_fail_of_a_two_node_job_names_the_node_the_scheduler_lost(
     assert died.death.ended_by == ("NODE_FAIL: the scheduler lost node node-2 (of the job's "
                                    "node-1, node-2)")
     assert login.asked[1][:3] == ["sinfo", "--noheader", "--Node"]
+
+
+class Scheduler(Session):
+    """A login node whose scheduler cancels job 19: scancel answers, then scontrol shows it
+    CANCELLED (the lane's real record) and squeue no longer lists it."""
+
+    host = "login"
+    is_local = True
+
+    def __init__(self) -> None:
+        self.asked: list[list[str]] = []
+
+    async def run(self, argv: list[str], stdin: bytes = b"",
+                  timeout: float | None = None) -> CommandResult:
+        self.asked.append(argv)
+        if argv[0] == "scontrol":
+            return CommandResult(0, TIMEOUT_JOB.replace("JobState=TIMEOUT Reason=TimeLimit",
+                                                        "JobState=CANCELLED Reason=None")
+                                 .encode(), b"")
+        assert argv[0] in ("scancel", "squeue", "sacct"), argv
+        return CommandResult(0, b"", b"")
+
+    async def stream(self, argv: list[str], stdin: bytes = b"") -> Stream:
+        raise AssertionError(f"not streamed here: {argv}")
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_killing_someone_elses_job_is_the_schedulers_kill_never_a_step(
+        tmp_path: Path) -> None:
+    """An attached job (`attach --slurm-job`, no script of ours), the kill confirmed: scancel,
+    then the job followed out of the queue; nothing is run on its node (a step's kill would end
+    the owner's script, and the step reporting it, before it was verified)."""
+    sup = Supervisor(loads_profile(PROFILE, tmp_path / "job.toml"))
+    login = Scheduler()
+    sup.login = login
+    sup.session = remote_slurm.StepSession(login, "19", "node-1")
+    sup.job = JobRun("19", script=None, node="node-1")
+    sup.run = RunInfo("attached-job19", str(tmp_path), 4242, sup.clock(), attached=True,
+                      owner="job 19 of user alice on node-1: ")
+    events = sup.subscribe()
+    killed = await sup.kill(2.0)
+    assert killed.remaining == () and killed.gpu_released is None
+    assert login.asked[0] == ["scancel", "19"], login.asked
+    assert not any(argv[0] == "srun" for argv in login.asked), "nothing run on the node"
+    assert [s.step for s in sup.last_kill_steps] == ["scancel"]
+    seen = []
+    while not events.empty():
+        seen.append(events.get_nowait())
+    assert any(isinstance(e, KillDone) for e in seen)
+    assert sup.job.end is not None and sup.job.end.state == "CANCELLED"
 
 
 def test_the_supervisor_has_all_that_job_follow_asks_of_it(tmp_path: Path) -> None:

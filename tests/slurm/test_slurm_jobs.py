@@ -596,8 +596,9 @@ async def test_attach_to_a_job_submitted_by_hand_then_kill_names_whose_it_is(
     """A job someone submitted with sbatch (the simulated server in their own script):
     `attach --slurm-job J --wait` finds its server on the job's node through a step of the job
     and follows it to READY; `kill` refuses in one line naming whose job it is; with --yes it
-    says to scancel it (a kill through a step cannot be verified: the job ends with its
-    server)."""
+    is the scheduler's own kill (a kill through a step could not be verified: the job ends
+    with its server, and the step with it): scancel, the job out of the queue, nothing of it
+    left on the node."""
     profile = load_profile(slurm_profile(tmp_path, name="byhand"))
     plan = launcher.plan_launch(profile, dict(os.environ), time.time())
     script = tmp_path / "byhand.sbatch"
@@ -625,13 +626,19 @@ async def test_attach_to_a_job_submitted_by_hand_then_kill_names_whose_it_is(
     assert f"job {job_id} of user root on {node}: pid " in said[0]
     assert said[0].endswith("not killed; add --yes to kill it"), said
     assert scontrol(job_id, cluster)["JobState"] == "RUNNING"
-    # killed through a step, the server's end ended the job (and the step reporting the kill)
-    # before the kill could be verified: an attached job is not killed so, it is said how to
+    assert carriers(plan.run_id), "the owner's server runs in the job"
     killed = _cli("kill", *target, "--grace", "2", "--yes")
-    said = killed.stderr.strip().splitlines()
-    assert killed.returncode == 1 and len(said) == 1, killed.stdout + killed.stderr
-    assert said[0].endswith(f"end it with `scancel {job_id}` (the scheduler's own kill)"), said
-    assert scontrol(job_id, cluster)["JobState"] == "RUNNING"
+    assert killed.returncode == 0, killed.stdout + killed.stderr
+    assert f"cancelling job {job_id} (scancel): the scheduler ends its processes on {node}" \
+        in killed.stdout, killed.stdout
+    assert f"job {job_id} has left the queue" in killed.stdout, killed.stdout
+    assert scontrol(job_id, cluster)["JobState"] == "CANCELLED"
+    assert "RUNNING" not in subprocess.run(["squeue", "-h", "-j", job_id], env=cluster.env,
+                                           capture_output=True, text=True).stdout
+    deadline = time.monotonic() + 10
+    while carriers(plan.run_id) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert not carriers(plan.run_id), "nothing of the owner's server is left on the node"
 
 
 def two_node_profile(tmp: Path) -> Path:

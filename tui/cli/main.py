@@ -179,6 +179,14 @@ async def cmd_kill(args: argparse.Namespace) -> int:
         if owner is not None and not args.yes:  # someone else's server: never on a guess
             _err(f"{owner}: not killed; add --yes to kill it")
             return EXIT_USAGE
+        job = sup.job
+        if job is not None and job.script is None:  # someone else's job: the scheduler's kill
+            print(f"cancelling job {job.job_id} (scancel): the scheduler ends its processes "
+                  f"on {job.node or '?'}")
+            await sup.kill(args.grace)
+            print(f"job {job.job_id} has left the queue: its node's slurmd saw every process "
+                  "of it end; GPU memory: not read (the node is no longer reached)")
+            return 0
         state = "" if record.alive else f" (already ended: {run_state(False, record.exit)};" \
             " sweeping for leftovers)"
         print(f"killing run {record.run_id}{state}: TERM, KILL after {args.grace:g}s, "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import posixpath
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -517,11 +518,8 @@ class JobFollow:
         sup = self.sup
         assert sup.job is not None and sup.run is not None
         job_id = sup.job.job_id
-        if sup.job.script is None:  # attached (`attach --slurm-job`): someone else's script
-            raise SpecconsoleError(
-                f"job {job_id} runs someone else's script: its server's end ends the job, and "
-                "the kill's verification with it, so it is not killed through a step; end it "
-                f"with `scancel {job_id}` (the scheduler's own kill)")
+        if sup.job.script is None:  # attached (`attach --slurm-job`), the kill confirmed
+            return await self.cancel_attached()
         if sup.job.end is not None:
             await remote_slurm.cancel(await sup.login_session(), job_id)
             raise SpecconsoleError(
@@ -537,6 +535,23 @@ class JobFollow:
         sup.last_kill_steps = steps
         if cancel:
             await self.cancel_job()
+        sup.emit([KillDone(killed), *sup.machine.stopped(sup.clock())])
+        return killed
+
+    async def cancel_attached(self) -> Killed:
+        """Someone else's job, the kill confirmed: its server's end would end the owner's
+        script and so the job, and any step reporting a kill with it, so the job is ended by
+        the scheduler's own kill (scancel) and verified by the scheduler: the job has left the
+        queue only once its node's slurmd saw every process of it end. Its node is no longer
+        reachable after that: GPU memory is not read (unknown)."""
+        sup = self.sup
+        assert sup.job is not None
+        sup.mark_killing()
+        step = KillStep("scancel", (), time.time())
+        sup.emit([KillProgress(step)])
+        await self.cancel_job()
+        sup.last_kill_steps = [step]
+        killed = Killed((), None, (), time.time())
         sup.emit([KillDone(killed), *sup.machine.stopped(sup.clock())])
         return killed
 
