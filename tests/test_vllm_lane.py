@@ -860,6 +860,7 @@ SLURM_TABLE = """
 partition = "batch"
 time = "10"
 job_name = "vllm"
+mem = "6G"  # the lane's cgroups enforce it: the default (DefMemPerCPU, 400 MB) OOM-kills vLLM
 """
 
 

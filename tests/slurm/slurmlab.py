@@ -37,7 +37,7 @@ SLURMCTLD_PORT = 6917  # + 2 * slot
 SLURMD_PORT = 6918
 SLOTS = 8  # lanes up at once on one machine
 CPUS = 2  # per node, as configured (SlurmdParameters=config_overrides: not the real count)
-MEMORY_MB = 1000
+MEMORY_MB = 8000  # per node: room for a real vLLM (CPU) job; a job without --mem gets DefMemPerCPU
 PARTITION = "batch"
 URGENT = "urgent"  # the same nodes at a higher PriorityTier: it preempts batch (REQUEUE)
 MAX_TIME_MIN = 30  # the partitions' limit: a request for more is refused

@@ -641,7 +641,7 @@ async def test_attach_to_a_job_submitted_by_hand_then_kill_names_whose_it_is(
     assert not carriers(plan.run_id), "nothing of the owner's server is left on the node"
 
 
-def two_node_profile(tmp: Path) -> Path:
+def two_node_profile(tmp: Path, extra: str = "") -> Path:
     """The simulated engine at TP 8 over a two-node job (vLLM's native multi-node: the head on
     the first node, a --headless node on the second), 4 fake GPUs per node."""
     path = tmp / "two.toml"
@@ -656,6 +656,7 @@ partition = "batch"
 time = "5"
 nodes = 2
 job_name = "two"
+{extra}
 
 [cluster]
 backend = "native"
@@ -734,6 +735,39 @@ async def test_a_two_node_job_a_member_per_node_kill_then_a_worker_killed_on_the
         await _gone(sup.run.run_id, timeout=10)
     assert scontrol(jobs[-1], cluster)["JobState"] in ("COMPLETED", "FAILED")
     assert _queued(jobs[-1], cluster) == ""
+
+
+async def test_slurmd_killed_on_the_second_node_of_a_two_node_job_is_node_fail_naming_it(
+        tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
+    """A two-node job READY; the second node's slurmd SIGKILLed: after SlurmdTimeout the
+    scheduler ends the job NODE_FAIL, and the run's verdict names the node it lost (not the
+    job's first). Not requeued (--no-requeue: this cluster requeues a failed node's jobs)."""
+    group = ClusterRun(load_profile(two_node_profile(
+        tmp_path, extra='sbatch_args = ["--no-requeue"]')))
+    events = group.subscribe()
+    seen: list[Any] = []
+    lost = ""
+    try:
+        nodes = await _two_node_ready(group, events, seen, cluster, jobs)
+        lost = nodes[1]
+        cluster.kill_slurmd(lost)
+        killed_at = time.monotonic()
+        ended = await until_event(events, _of("server", JobEnded), 90, "the job's end", seen)
+        record_figure("two-node job: second node's slurmd SIGKILL -> NODE_FAIL told (s)",
+                      round(time.monotonic() - killed_at, 1))
+        assert ended.event.end.state == "NODE_FAIL", ended.event
+        assert ended.event.end.words().startswith(
+            f"NODE_FAIL: the scheduler lost node {lost} (of the job's "), ended.event.end.words()
+        assert scontrol(jobs[-1], cluster)["JobState"] == "NODE_FAIL"
+    finally:
+        await group.close()
+        for sup in group.sups.values():
+            for pid in carriers(sup.run.run_id) if sup.run is not None else []:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)  # the lost node's leftovers: the lane's cleanup
+        if lost:
+            cluster.start_slurmd(lost)
+            cluster.wait_idle(60)
 
 
 async def _two_node_ready(group: ClusterRun, events: asyncio.Queue[Any], seen: list[Any],
