@@ -202,6 +202,18 @@ def test_a_reported_negative_exit_code_is_the_signal_that_killed_it(seen: str) -
     assert "signal 9" in m.death.summary()
 
 
+def test_a_log_lends_how_a_process_ended_to_another_hosts_death() -> None:
+    """The head's log reports a headless node's worker (supervise.group lends it to the death
+    the node's agent saw without a status): (code, signal), a negative code a signal."""
+    m = _machine()
+    assert m.reported_status("Worker_TP4") is None
+    _feed(m, ["(EngineCore_DP0 pid=200) ERROR 12-02 10:00:07 [multiproc_executor.py:249]"
+              " Worker proc Worker_TP4 died unexpectedly (exit code: -9), shutting down "
+              "executor."], T0 + 7)
+    assert m.reported_status("Worker_TP4") == (None, 9)
+    assert m.reported_status("Worker_TP3") is None
+
+
 def test_a_reported_code_is_taken_under_the_name_the_process_was_logged_by_before() -> None:
     """vLLM's CPU worker logs first as VllmWorker-0, then as Worker; its engine core reports
     its death by the first name (the vLLM lane's worker SIGKILLed inside a Slurm job)."""

@@ -626,7 +626,7 @@ async def test_attach_to_a_job_submitted_by_hand_then_kill_names_whose_it_is(
     assert f"job {job_id} of user root on {node}: pid " in said[0]
     assert said[0].endswith("not killed; add --yes to kill it"), said
     assert scontrol(job_id, cluster)["JobState"] == "RUNNING"
-    assert carriers(plan.run_id), "the owner's server runs in the job"
+    assert _of_job(job_id), "the owner's server runs in the job"
     killed = _cli("kill", *target, "--grace", "2", "--yes")
     assert killed.returncode == 0, killed.stdout + killed.stderr
     assert f"cancelling job {job_id} (scancel): the scheduler ends its processes on {node}" \
@@ -636,9 +636,25 @@ async def test_attach_to_a_job_submitted_by_hand_then_kill_names_whose_it_is(
     assert "RUNNING" not in subprocess.run(["squeue", "-h", "-j", job_id], env=cluster.env,
                                            capture_output=True, text=True).stdout
     deadline = time.monotonic() + 10
-    while carriers(plan.run_id) and time.monotonic() < deadline:
+    while _of_job(job_id) and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
-    assert not carriers(plan.run_id), "nothing of the owner's server is left on the node"
+    assert not _of_job(job_id), "nothing of the owner's server is left on the node"
+
+
+def _of_job(job_id: str) -> list[int]:
+    """The simulated server's processes of the job (SLURM_JOB_ID in their environment)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"SLURM_JOB_ID={job_id}".encode() in env and b"tui.sim" in cmd:
+            found.append(int(entry.name))
+    return found
 
 
 def two_node_profile(tmp: Path, extra: str = "") -> Path:

@@ -419,6 +419,13 @@ class LaunchMachine:
         code, sig = _status(self.reported_codes[death.process], None)
         return replace(death, code=code, signal=sig)
 
+    def reported_status(self, process: str) -> tuple[int | None, int | None] | None:
+        """How this log says `process` ended ((code, signal), vLLM's `Worker proc X died
+        unexpectedly (exit code: -9)`), or None: a member on another host lends its account to
+        a death whose status its agent could not read (supervise.group)."""
+        code = self.reported_codes.get(process)
+        return None if code is None else _status(code, None)
+
     def _note_reported_code(self, message: str) -> None:
         m = _REPORTED_EXIT.search(message)
         if m is not None:

@@ -196,6 +196,14 @@ class ClusterRun:
         if not deaths:
             return self.part(self.died.member), self.died.death
         first_at, name, death = deaths[0]
+        if death.code is None and death.signal is None:
+            # its parent reaped it before its agent read how it ended: a headless node's
+            # worker, whose death the head's executor logs with its code on another host
+            status = next((s for m in self.parts if m.name != name and (
+                s := self.sups[m.name].machine.reported_status(death.process)) is not None),
+                None)
+            if status is not None:
+                death = replace(death, code=status[0], signal=status[1])
         if death.cause is None and death.signal is None:
             cause = next((d.cause for at, _, d in deaths[1:]
                           if d.cause is not None and d.cause.process == death.process
