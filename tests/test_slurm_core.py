@@ -597,25 +597,6 @@ def test_the_server_of_a_job_someone_submitted_is_its_scripts_top_process() -> N
         AttachTarget(container="box", slurm_job="494583")
 
 
-async def test_a_job_someone_else_submitted_is_not_killed_through_a_step() -> None:
-    """Its server's end ends their script and so the job, and the step reporting the kill with
-    it (seen in the Slurm lane): the kill is refused in one line saying to scancel it."""
-    from tui.core.attach import attach_profile
-    from tui.core.errors import SpecconsoleError
-    from tui.core.profile import AttachTarget
-    from tui.supervise.events import RunInfo
-    from tui.supervise.slurmjob import JobRun
-    from tui.supervise.supervisor import Supervisor
-
-    sup = Supervisor(attach_profile(AttachTarget(pid=4242, slurm_job="26")))
-    sup.run = RunInfo("attached-job26-1", "/tmp/x", 4242, 0.0, attached=True)
-    sup.job = JobRun("26", None, "node-1")
-    with pytest.raises(SpecconsoleError) as refused:
-        await sup.kill(2.0)
-    assert str(refused.value).endswith("end it with `scancel 26` (the scheduler's own kill)")
-    assert sup.machine.state is State.PENDING, "nothing was marked killing"
-
-
 def test_wait_follows_a_requeued_allocations_death_and_stops_at_any_other() -> None:
     """`wait` (tui/cli/follow.py): a death its supervisor marked as a requeued allocation's is
     not the run's end (the run goes on to its next allocation); any other death is."""
