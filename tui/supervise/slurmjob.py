@@ -212,6 +212,21 @@ class JobFollow:
         sup.session = await self.reach_or_cancel(login, sup.job.job_id, sup.job.node)
         return await self.started(plan)
 
+    def on_queued(self, job_id: str, detail: Callable[[slurm.Queued], str]
+                  ) -> Callable[[slurm.Queued], None]:
+        """What each change of the job's queue line does: the queue is the timeline's phase
+        (`detail`: its words; its PhaseChanged says the reason), and a reason that cannot change
+        by itself ends the wait (JobNeverStarts)."""
+        sup = self.sup
+
+        def queued(line: slurm.Queued) -> None:
+            sup.emit([JobQueued(job_id, line),
+                      *sup.machine.queued(detail(line), sup.clock())])
+            if slurm.never_starts(line.reason):
+                raise JobNeverStarts(f"job {job_id} can never start as it is "
+                                     f"({slurm.pending_words(line.reason)})")
+        return queued
+
     async def submit_job(self, submitting: Awaitable[remote_slurm.Submitted]
                          ) -> tuple[remote_slurm.Submitted, slurm.Job]:
         """Submit (`submitting`: the sbatch of a job script) and follow the job through the
@@ -224,18 +239,9 @@ class JobFollow:
         sup.job = JobRun(sub.job_id, sub.script)
         sup.emit([JobSubmitted(sub.job_id, sub.script),
                   Notice(f"submitted job {sub.job_id} ({sub.script})")])
-
-        def queued(line: slurm.Queued) -> None:
-            """The queue is the timeline's first phase (its PhaseChanged says the reason); a
-            reason that cannot change by itself ends the wait (JobNeverStarts)."""
-            sup.emit([JobQueued(sub.job_id, line),
-                      *sup.machine.queued(slurm.queue_detail(line), sup.clock())])
-            if slurm.never_starts(line.reason):
-                raise JobNeverStarts(f"job {sub.job_id} can never start as it is "
-                                     f"({slurm.pending_words(line.reason)})")
-
         try:
-            job = await remote_slurm.wait_started(login, sub.job_id, queued)
+            job = await remote_slurm.wait_started(
+                login, sub.job_id, self.on_queued(sub.job_id, slurm.queue_detail))
         except JobNeverStarts as exc:
             ended = await remote_slurm.cancel(login, sub.job_id)
             sup.job.end = slurm.SchedulerEnd(ended.state if ended else "CANCELLED",
@@ -426,16 +432,9 @@ class JobFollow:
         job_run.end, job_run.node, job_run.alerted, job_run.clock = None, None, False, None
         sup.session, sup.ready_at = login, None
         requeued_at = sup.clock()
-
-        def queued(line: slurm.Queued) -> None:
-            sup.emit([JobQueued(job_run.job_id, line),
-                      *sup.machine.queued(slurm.requeue_detail(end, line), sup.clock())])
-            if slurm.never_starts(line.reason):
-                raise JobNeverStarts(f"job {job_run.job_id} can never start as it is "
-                                     f"({slurm.pending_words(line.reason)})")
-
         try:
-            job = await remote_slurm.wait_started(login, job_run.job_id, queued)
+            job = await remote_slurm.wait_started(login, job_run.job_id, self.on_queued(
+                job_run.job_id, lambda line: slurm.requeue_detail(end, line)))
             ended = slurm.scheduler_end(job)
             if ended is not None:
                 raise SpecconsoleError(f"job {job_run.job_id} ended before it ran again: "
