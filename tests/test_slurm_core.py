@@ -40,7 +40,7 @@ from tui.core.slurm import (
     parse_fields,
     parse_job,
     parse_job_id,
-    parse_node_address,
+    parse_node_states,
     parse_queue,
     parse_sacct,
     parse_test_only,
@@ -52,7 +52,6 @@ from tui.core.slurm import (
     sacct_argv,
     sbatch_options,
     scheduler_end,
-    show_node_argv,
     step_argv,
 )
 from tui.core.state import CauseUpdated, Died, LaunchMachine, PhaseChanged, State
@@ -188,19 +187,15 @@ def test_the_agent_reaches_the_node_as_an_overlapping_step() -> None:
     assert argv[-5:] == ["python3", "-u", "-c", "x", "watch"]
 
 
-# `scontrol show node -o node-2` on the lane's cluster
-NODE_2 = ("NodeName=node-2 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=2 CPUTot=2 "
-          "CPULoad=0.58 AvailableFeatures=(null) ActiveFeatures=(null) Gres=(null) "
-          "NodeAddr=10.231.2.2 NodeHostName=node-2 Version=22.05.8 OS=Linux 6.18.44-fc-v1300 "
-          "#1 SMP PREEMPT_DYNAMIC @0  RealMemory=1000 AllocMem=0 FreeMem=22386 Sockets=2 "
-          "Boards=1 State=IDLE ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A "
-          "Partitions=batch,urgent  BootTime=2026-12-07T16:11:31\n")
+# `sinfo --noheader --Node --nodes=node-2 --format=%N|%t|%o` on the lane's cluster (a node is
+# listed once per partition)
+NODE_2 = "node-2|idle|10.231.2.2\nnode-2|idle|10.231.2.2\n"
 
 
 def test_over_ssh_the_node_is_reached_at_the_schedulers_address_through_the_login_node() -> None:
-    assert show_node_argv("node-2") == ["scontrol", "show", "node", "-o", "node-2"]
-    assert parse_node_address(NODE_2, "node-2") == "10.231.2.2"
-    assert parse_node_address("NodeName=gpu7 State=IDLE\n", "gpu7") == "gpu7"
+    assert [(n.name, n.address) for n in parse_node_states(NODE_2)] == [("node-2",
+                                                                          "10.231.2.2")]
+    assert parse_node_states("gpu7|idle|\n")[0].address == "gpu7"
     local = HostConfig("local", known_hosts="/k/known_hosts", python="/venv/bin/python",
                        runs_dir="/shared/runs", keepalive_interval=1.0)
     direct = node_host(local, "10.231.2.2")

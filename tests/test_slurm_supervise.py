@@ -197,7 +197,8 @@ async def test_reach_ssh_opens_the_nodes_address_through_the_login_node(tmp_path
         return node
 
     reached = await remote_slurm.reach_node(login, profile, "19", "node-2", opener)
-    assert login.asked == [["scontrol", "show", "node", "-o", "node-2"]]
+    assert login.asked == [["sinfo", "--noheader", "--Node", "--nodes=node-2",
+                             "--format=%N|%t|%o"]]
     assert [(h.target, h.jump) for h in opened] == [("10.231.2.2", "login1")]
     assert reached.host == "node-2 (job 19)"
     done = await reached.run(["python3", "-c", "pass"])

@@ -140,16 +140,6 @@ def step_argv(job_id: str, node: str, argv: Sequence[str]) -> list[str]:
             f"--nodelist={node}", "--kill-on-bad-exit=0", "--quiet", "--input=all", *argv]
 
 
-def show_node_argv(node: str) -> list[str]:
-    return ["scontrol", "show", "node", "-o", node]
-
-
-def parse_node_address(text: str, node: str) -> str:
-    """Where the scheduler reaches `node` (its NodeAddr in `scontrol show node -o`): where SSH
-    reaches it too. The node's name when the answer has none."""
-    return parse_fields(text).get("NodeAddr") or node
-
-
 def node_host(login: HostConfig, address: str) -> HostConfig:
     """The [host] of a job's node reached over SSH (reach = "ssh", where pam_slurm_adopt lets a
     job's owner in): its address, through the login node as the last jump host when the login

@@ -121,9 +121,10 @@ Opener = Callable[[HostConfig], Awaitable[Session]]
 
 
 async def node_address(session: Session, node: str) -> str:
-    """Where the scheduler reaches `node` (its NodeAddr): SSH reaches it there."""
-    text = await _checked(session, slurm.show_node_argv(node), timeout=30)
-    return slurm.parse_node_address(text, node)
+    """Where the scheduler reaches `node` (its NodeAddr, as sinfo tells it): SSH reaches it
+    there; the node's name when sinfo names no address."""
+    found = await node_states(session, (node,))
+    return next((n.address for n in found if n.name == node), node)
 
 
 async def reach_node(login: Session, profile: Profile, job_id: str, node: str,
