@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -394,10 +395,24 @@ LogLevel INFO
 {extra}""")
 
 
+# The user's shell start-up files, which bash reads before any command sshd runs for them
+# (Debian's bash sources ~/.bashrc when run by sshd).
+STARTUP_FILES = (".bashrc", ".bash_profile", ".bash_login", ".profile")
+
+
+def startup_files_emptied() -> str:
+    """Shell commands that mount an empty file over each of this user's start-up files that
+    exist, for a mount namespace of the host's own: a lab host is a fresh host, not this
+    machine's login. (This machine's ~/.bashrc runs `pyenv init`, whose `pyenv rehash` waits
+    60 s on a lock a killed rehash left behind: every command over SSH then took a minute.)"""
+    return "".join(f"mount --bind /dev/null {shlex.quote(str(path))} && "
+                   for path in (Path.home() / name for name in STARTUP_FILES) if path.exists())
+
+
 def spawn_sshd(ns: str, host: str, folder: Path) -> subprocess.Popen[bytes]:
-    """The system's sshd with `folder/sshd_config`, in network namespace `ns` and a UTS
-    namespace of its own (`hostname` says `host`), logging to folder/sshd.log; returned once
-    it listens."""
+    """The system's sshd with `folder/sshd_config`, in network namespace `ns`, a UTS
+    namespace of its own (`hostname` says `host`) and a mount namespace where the user's shell
+    start-up files are empty, logging to folder/sshd.log; returned once it listens."""
     config = folder / "sshd_config"
     _sh(SSHD, "-t", "-f", str(config))
     log = folder / "sshd.log"
@@ -405,8 +420,8 @@ def spawn_sshd(ns: str, host: str, folder: Path) -> subprocess.Popen[bytes]:
     (folder / "sshd.pid").unlink(missing_ok=True)
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            ["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c",
-             f"hostname {host} && exec {SSHD} -D -e -f {config}"],
+            ["ip", "netns", "exec", ns, "unshare", "--uts", "--mount", "sh", "-c",
+             f"hostname {host} && {startup_files_emptied()}exec {SSHD} -D -e -f {config}"],
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

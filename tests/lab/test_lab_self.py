@@ -27,6 +27,17 @@ async def test_hosts_answer_and_gpu_b_only_through_gpu_a(lab: Lab) -> None:
         await asyncio.wait_for(asyncio.open_connection(lab.address("gpu-b"), 22), 5)
 
 
+async def test_a_lab_host_runs_commands_without_this_machines_login_files(lab: Lab) -> None:
+    """A fresh host: bash run by sshd reads ~/.bashrc, and this machine's is not the host's
+    (a stale lock in its `pyenv rehash` once made every lab command wait a minute)."""
+    read = "wc -c < ~/.bashrc 2>/dev/null || echo 0; echo ${PYENV_ROOT:-unset}"
+    async with asyncssh.connect(lab.address("gpu-a"), **_options(lab)) as a:
+        started = time.monotonic()
+        size, pyenv = (await a.run(read, check=True)).stdout.split()
+    assert (size, pyenv) == ("0", "unset")
+    assert time.monotonic() - started < 5
+
+
 async def test_faults_bite_and_reset_undoes_them(lab: Lab) -> None:
     lab.link_down("gpu-a")
     with pytest.raises(OSError):
