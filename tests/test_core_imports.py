@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tui.core.profile.loader import tomllib
+
 ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN = ("textual", "asyncssh", "psutil", "pynvml", "tui.remote", "tui.supervise",
              "tui.console", "tui.cli", "tui.sim")
@@ -112,3 +114,17 @@ def test_import_linter_contracts_hold() -> None:
     exe = Path(sys.executable).with_name("lint-imports")
     result = subprocess.run([str(exe)], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-2000:]
+
+
+def test_every_core_module_stands_in_a_layer_of_the_core() -> None:
+    """A module of tui/core that no layers contract of the core names is bound by none of
+    them: it could import anything above it unseen."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"][
+        "contracts"]
+    named = {name.strip() for c in contracts if c.get("containers") == ["tui.core"]
+             for layer in c["layers"] for name in layer.split("|")}
+    modules = {p.stem if p.is_file() else p.name for p in (ROOT / "tui" / "core").iterdir()
+               if (p.suffix == ".py" and p.stem != "__init__")
+               or (p.is_dir() and (p / "__init__.py").exists())}
+    assert "state" in modules and "profile" in modules
+    assert modules - named == set(), "in no layer of the core's contracts"
