@@ -208,3 +208,24 @@ async def test_attaching_to_a_long_dead_log_shows_its_end_and_cause_and_reads_th
         at = end
     await sup.close()
     assert read == [s for s in starts if gap.start <= s < gap.end]
+
+
+def test_the_runs_log_is_never_read_through_a_link(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process of the run (a container's, say) that swaps server.log for a link makes the
+    agent read nothing through it, and says why once; only an attached run's log, a link the
+    agent made itself, is followed."""
+    elsewhere = tmp_path / "host-file"
+    elsewhere.write_bytes(b"a line of a file the run must not read\n")
+    log = tmp_path / "server.log"
+    log.symlink_to(elsewhere)
+    said: list[tuple[str, dict[str, object]]] = []
+    monkeypatch.setattr(logtail, "emit", lambda t, **fields: said.append((t, fields)))
+    tail = logtail.LogTail(str(log), 0)
+    assert tail.pump() is False and tail.pump() is False
+    assert [t for t, _ in said] == ["error"], said
+    assert said[0][1]["kind"] == "log_read" and str(log) in str(said[0][1]["message"])
+    said.clear()
+    assert logtail.LogTail(str(log), 0, follow=True).pump() is True
+    assert [(t, f["lines"]) for t, f in said] == [
+        ("log", ["a line of a file the run must not read"])]
