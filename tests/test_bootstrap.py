@@ -139,3 +139,27 @@ def test_the_suite_runs_a_worker_per_core_unless_the_caller_chose(
     for chosen in (["-n", "0"], ["-n4"], ["--numprocesses=3"], ["--dist", "load"],
                    ["-p", "no:xdist"]):
         assert bootstrap._workers(chosen) == [], chosen
+
+
+def test_an_apt_step_is_asked_again_while_another_apt_holds_its_lock(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`apt-get update` fails at once on the lists' lock (DPkg::Lock::Timeout covers only
+    dpkg's): the step is asked again until the lock is free; any other failure is final."""
+    answers = [(100, "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 9"),
+               (100, "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 9"),
+               (0, "")]
+    asked: list[list[str]] = []
+
+    def run(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        asked.append(argv)
+        code, err = answers.pop(0)
+        return subprocess.CompletedProcess(argv, code, "", err)
+
+    monkeypatch.setattr(bootstrap.subprocess, "run", run)
+    slept: list[float] = []
+    step = ["apt-get", "update", "-q"]
+    assert bootstrap.apt_get(step, {}, slept.append).returncode == 0
+    assert asked == [step] * 3 and len(slept) == 2
+    answers[:] = [(100, "E: Unable to locate package nope"), (0, "")]
+    assert bootstrap.apt_get(step, {}, slept.append).returncode == 100
+    assert len(slept) == 2 and answers == [(0, "")]

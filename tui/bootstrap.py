@@ -28,7 +28,7 @@ import time
 import urllib.parse
 import urllib.request
 import venv
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -226,6 +226,20 @@ def _missing(tools: dict[str, str]) -> list[str]:
             if not (os.access(tool, os.X_OK) if tool.startswith("/") else shutil.which(tool))]
 
 
+def apt_get(step: list[str], env: dict[str, str],
+            sleep: Callable[[float], None] = time.sleep) -> subprocess.CompletedProcess[str]:
+    """One apt-get step; while another apt (an unattended upgrade, a second lane) holds a lock
+    it needs, asked again, for up to APT_LOCK_WAIT_S. (DPkg::Lock::Timeout makes `install` wait
+    for dpkg's lock, but `update` fails at once on the lists' lock: tried.)"""
+    deadline = time.monotonic() + APT_LOCK_WAIT_S
+    while True:
+        done = subprocess.run(step, env=env, capture_output=True, text=True)
+        if (done.returncode == 0 or "Could not get lock" not in done.stderr
+                or time.monotonic() > deadline):
+            return done
+        sleep(2.0)
+
+
 def ensure_packages(tools: dict[str, str]) -> str | None:
     """Install the Debian packages of missing tools with apt-get; why not, as one line, or
     None. A policy-rc.d (exit 101) stops a package from starting a system sshd meanwhile."""
@@ -241,13 +255,11 @@ def ensure_packages(tools: dict[str, str]) -> str | None:
         POLICY_RC.chmod(0o755)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
-        # another apt (an unattended upgrade, a second lane) holding the dpkg lock is waited
-        # for, not failed on
         wait = ["-o", f"DPkg::Lock::Timeout={APT_LOCK_WAIT_S}"]
         for step in (["apt-get", *wait, "update", "-q"],
                      ["apt-get", *wait, "install", "-y", "-q", "--no-install-recommends",
                       *missing]):
-            done = subprocess.run(step, env=env, capture_output=True, text=True)
+            done = apt_get(step, env)
             if done.returncode != 0:
                 last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["?"]
                 return f"{' '.join(step[:2])} failed: {last[0]}"
@@ -409,15 +421,21 @@ def slurm_cluster(lane: str) -> Iterator[dict[str, str] | None]:
 
 
 def run_slurm_lane(extra_args: list[str]) -> int:
-    """A real Slurm cluster on this machine (slurm_cluster), then the tests marked `slurm`
-    against it, then the cluster taken down. A setup failure is its one line and exit 1: never
+    """A real Slurm cluster on this machine (slurm_cluster) and the lab's Ray venv (for Ray
+    started inside an allocation), then the tests marked `slurm` against the cluster, then the
+    cluster taken down. A setup failure is its one line and exit 1: never
     a skip."""
     started = time.monotonic()
+    ray_env, how = ensure_lab_env()  # Ray started inside a job's allocation
+    if ray_env is None:
+        print(f"slurm lane setup: {how}", file=sys.stderr)
+        return 1
+    print(f"slurm lane: Ray environment {ray_env} ({how})", flush=True)
     with slurm_cluster("slurm") as env:
         if env is None:
             return 1
-        code = _lane_tests("slurm", "slurm", "tests/slurm",
-                           "SPECCONSOLE_SLURM_FIGURES", extra_args, env)
+        code = _lane_tests("slurm", "slurm", "tests/slurm", "SPECCONSOLE_SLURM_FIGURES",
+                           extra_args, {**env, LAB_ENV_VAR: str(ray_env)})
     print(f"slurm lane: {time.monotonic() - started:.0f} s in all", flush=True)
     return code
 
