@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 from textual.pilot import Pilot
 
 from tui.sim.nvml.build import build as build_nvml
@@ -221,3 +222,20 @@ def keep_figure(env: str, name: str, value: object) -> None:
     figures = json.loads(Path(path).read_text()) if Path(path).exists() else {}
     figures[name] = value
     Path(path).write_text(json.dumps(figures))
+
+
+RAY_ENV = "SPECCONSOLE_LAB_ENV"  # the lanes' Ray environment (tui/bootstrap.py ensure_lab_env)
+
+
+def ray_venv() -> Path:
+    """The venv with the real Ray (and this checkout) that the lab and Slurm lanes make or
+    reuse (`python3 -m tui.bootstrap lab|slurm`). Missing is a failure, never a skip: the lane
+    sets it up."""
+    configured = os.environ.get(RAY_ENV)
+    root = Path(configured).expanduser() if configured else (
+        Path.home() / ".cache" / "specconsole" / "lab-ray")
+    venv = root / "venv"
+    if not (venv / "bin" / "ray").exists() or not (venv / "bin" / "python").exists():
+        pytest.fail(f"no Ray environment in {venv}: run the lane (`python3 -m tui.bootstrap "
+                    "lab` or `slurm`), which makes it (or set $SPECCONSOLE_LAB_ENV)")
+    return venv

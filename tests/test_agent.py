@@ -366,6 +366,41 @@ def test_a_requeued_jobs_launch_starts_the_server_again_in_the_same_run(tmp_path
     assert rc == 0 and msgs[-1]["runs"][0]["restart"] == 1, msgs
 
 
+def test_two_members_on_one_node_of_a_job_are_each_launched_and_held(tmp_path: Path) -> None:
+    """Ray's head and the server share a several-node job's first node: the one agent the job
+    script started there launches the first (which says another follows on the node), then
+    waits for and launches the second; it ends once both servers have ended, with the worse
+    of their ends (the job lasts as long as either server)."""
+    runs = tmp_path / "runs"
+    job = tmp_path / "job"
+    job.mkdir()
+    specs = []
+    for name, more, code in (("ray-head", True, 0), ("server", False, 3)):
+        (runs / name).mkdir(parents=True)
+        specs.append({"run_id": name, "runs_dir": str(runs), "profile_key": "p", "env": {},
+                      "redact": [], "cwd": None, "prepared": True, "hold": True,
+                      "more_on_node": more,
+                      "argv": [PY, "-c", f"import sys, time; time.sleep(1.0); sys.exit({code})"]})
+    request = job / "launch-gpu-07.json"
+
+    def asked_in_turn() -> None:
+        for spec in specs:
+            wait_for(lambda: not request.exists(), 10, "the last request taken")
+            request.write_text(json.dumps(spec))
+
+    writer = threading.Thread(target=asked_in_turn)
+    writer.start()
+    started = time.monotonic()
+    rc, msgs = run_agent("launch", {"request": str(job / "launch-{node}.json"), "wait_s": 10},
+                         env=agent_env(SLURM_JOB_ID="77", SLURMD_NODENAME="gpu-07"))
+    writer.join()
+    assert sorted(m["run_id"] for m in msgs if m["t"] == "launched") == ["ray-head", "server"]
+    assert rc == 1, "the server's end (3) is the worse one"
+    for name, code in (("ray-head", 0), ("server", 3)):
+        assert json.loads((runs / name / "exit.json").read_text())["code"] == code
+    assert time.monotonic() - started >= 1.0, "it waited for both servers"
+
+
 # --------------------------------------------------------------------------- watch
 
 TREE = r"""

@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import sim_server
+from helpers import ray_venv, sim_server
 
 from lab.netlab import Lab, missing_requirements
 
 LAB_ENV = "SPECCONSOLE_LAB"
-RAY_ENV = "SPECCONSOLE_LAB_ENV"  # the lab's Ray environment (tui/bootstrap.py ensure_lab_env)
 FIGURES_ENV = "SPECCONSOLE_LAB_FIGURES"  # `bootstrap lab` prints what the tests wrote there
 LOAD_TIME_SCALE = 50.0  # the simulated 1480 s launch lasts about 30 s
 
@@ -57,17 +56,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 
 @pytest.fixture(scope="session")
 def lab_ray(lab: Lab) -> Path:
-    """The venv with the real Ray (and this checkout) that `python3 -m tui.bootstrap lab`
-    makes or reuses: the lab hosts' Python for the Ray cases. Missing is a failure, never a
-    skip: the lane sets it up."""
-    configured = os.environ.get(RAY_ENV)
-    root = Path(configured).expanduser() if configured else (
-        Path.home() / ".cache" / "specconsole" / "lab-ray")
-    venv = root / "venv"
-    if not (venv / "bin" / "ray").exists() or not (venv / "bin" / "python").exists():
-        pytest.fail(f"no Ray environment in {venv}: run `python3 -m tui.bootstrap lab`, which "
-                    "makes it (or set $SPECCONSOLE_LAB_ENV)")
-    return venv
+    """The lab hosts' Python for the Ray cases: the lanes' Ray venv."""
+    return ray_venv()
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,8 @@ Inside a Slurm job (`hold`), the launch then stays until the server ends, so the
 long as the server; the scheduler's SIGTERM at the job's end (its time limit, scancel) is
 passed to the server's process group, which left the job's process tree when it detached.
 On each node of a several-node job (`request`) the launch first waits for its member's spec,
-which the console writes when that member's turn comes."""
+which the console writes when that member's turn comes; where another member follows on the
+same node (Ray's head, then the server), that launch is forked and the next one waited for."""
 
 from __future__ import annotations
 
@@ -31,11 +32,32 @@ from .wire import AGENT_VERSION, AgentFailure, SpecError, emit, spec_strings, sp
 
 def cmd_launch(spec: dict) -> int:
     request = spec_value(spec, "request", str, None)
-    if request is not None:
-        asked = _await_request(request, float(spec_value(spec, "wait_s", (int, float), 600)))
-        if asked is None:
-            return 0  # no member was launched here: the node is left to the job's end
-        spec = asked
+    if request is None:
+        return _launch(spec)
+    wait_s = float(spec_value(spec, "wait_s", (int, float), 600))
+    others: list[int] = []  # the launches forked for this node's earlier members
+    while (asked := _await_request(request, wait_s)) is not None:
+        if not spec_value(asked, "more_on_node", bool, False):
+            code = _launch(asked)
+            break
+        sys.stdout.flush()
+        child = os.fork()
+        if child == 0:  # this member's launch and hold; the next member's is waited for above
+            return _launch(asked)
+        others.append(child)
+    else:
+        code = 0  # no (further) member was launched here: the node is left to the job's end
+    return max([code, *(_ended_code(pid) for pid in others)])
+
+
+def _ended_code(pid: int) -> int:
+    """A forked launch's end: 0 when its server ended well, else 1 (as _hold says)."""
+    _, status = os.waitpid(pid, 0)
+    return 0 if os.waitstatus_to_exitcode(status) == 0 else 1
+
+
+def _launch(spec: dict) -> int:
+    """One server's launch (and, in a job, its hold)."""
     run_id = spec_value(spec, "run_id", str)
     if not run_id or "/" in run_id or run_id in (".", ".."):
         raise SpecError(f"bad run_id {run_id!r}")

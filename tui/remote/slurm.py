@@ -217,10 +217,11 @@ async def _submit(session: Session, profile: Profile, run_id: str,
 
 
 async def request_launch(session: Session, profile: Profile, plan: LaunchPlan, job_dir: str,
-                         job_id: str, node: str) -> str:
+                         job_id: str, node: str, more_on_node: bool = False) -> str:
     """A member of a several-node job: its run directory made on the login node (the job
     recorded in it, with its node), then its launch spec handed to the agent waiting on `node`
-    (slurm.LAUNCH_REQUEST in the job's directory); the run directory."""
+    (slurm.LAUNCH_REQUEST in the job's directory), saying whether another member's launch
+    will follow on that node (`more_on_node`); the run directory."""
     python = host_python(profile)
     runs_dir = profile.host.runs_dir.rstrip("/")
     run_dir = (await _checked(session, [python, "-c", _RUN_DIR,
@@ -229,8 +230,8 @@ async def request_launch(session: Session, profile: Profile, plan: LaunchPlan, j
                    json.dumps({"job_id": job_id, "script": f"{job_dir}/{slurm.JOB_SCRIPT}",
                                "node": node}).encode())
     request = f"{job_dir}/{slurm.LAUNCH_REQUEST.format(node=node)}"
-    await _checked(session, [python, "-c", _WRITE_WHOLE, request],
-                   json.dumps(launch_spec(profile, plan)).encode())
+    await _checked(session, [python, "-c", _WRITE_WHOLE, request], json.dumps(
+        {**launch_spec(profile, plan), "more_on_node": more_on_node}).encode())
     return run_dir
 
 

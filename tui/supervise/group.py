@@ -327,13 +327,15 @@ class ClusterRun:
         profile = cluster.allocated(self.profile, [(n, known.get(n, n)) for n in job.nodes])
         self.parts = cluster.members(profile)
         self.members[:] = [Member(m.host, m.name, self.sups[m.name]) for m in self.parts]
-        for m in self.parts:
+        for i, m in enumerate(self.parts):
             sup = self.sups[m.name]
             sup.profile = m.profile
             if sup.job is None or sup is not server:
                 sup.job = JobRun(job.job_id, sub.script, restarts=job.restarts)
                 sup.job.seen(job, self.clock())
             sup.job.node, sup.job.job_dir = m.node.job_node, sub.run_dir
+            sup.job.more_on_node = any(o.node.job_node == m.node.job_node
+                                       for o in self.parts[i + 1:])
 
     async def _join(self, m: cluster.Member, queue: asyncio.Queue[Any]) -> bool:
         """Until the member's joined line (True), its death or the join timeout (False)."""

@@ -66,6 +66,9 @@ class JobRun:
     # a member of a several-node job (supervise.group): the job's directory, where the
     # member's launch is asked of the agent waiting on its node
     job_dir: str | None = None
+    # another member of the job launches on this member's node after it (Ray's head and the
+    # server share the first node): the agent there keeps waiting for that one's launch
+    more_on_node: bool = False
     # the deaths of allocations the scheduler requeued: the run is followed past them
     requeued: list[Death] = field(default_factory=list)
     verdicts: list[str] = field(default_factory=list)  # each allocation's end, for the history
@@ -208,7 +211,7 @@ class JobFollow:
         login = await sup.login_session()
         plan = launcher.plan_launch(sup.profile, sup.environ, sup.clock())
         await remote_slurm.request_launch(login, sup.profile, plan, sup.job.job_dir,
-                                          sup.job.job_id, sup.job.node)
+                                          sup.job.job_id, sup.job.node, sup.job.more_on_node)
         sup.session = await self.reach_or_cancel(login, sup.job.job_id, sup.job.node)
         return await self.started(plan)
 
