@@ -486,6 +486,11 @@ def test_a_requeue_witnessed_as_a_preemption_is_said_so_with_how_long_it_served(
                            ).state == "REQUEUED"
     assert preemption_seen(end, PREEMPTED_OUTPUT.replace("PREEMPTION", "TIME LIMIT")
                            ).state == "REQUEUED"
+    # a several-node job's line is its batch step's, on the first node: a member on another
+    # node of the allocation reads it as its own job's preemption
+    second = replace(end, node="node-2")
+    assert preemption_seen(second, PREEMPTED_OUTPUT).state == "REQUEUED"
+    assert preemption_seen(second, PREEMPTED_OUTPUT, ("node-1", "node-2")).state == "PREEMPTED"
     assert preemption_seen(end, PREEMPTED_OUTPUT.replace("JOB 3 ", "JOB 4 ")
                            ).state == "REQUEUED"
     line = parse_queue("3|PENDING|BeginTime|2026-12-07T19:17:12|\n")

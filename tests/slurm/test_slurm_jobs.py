@@ -786,6 +786,58 @@ async def test_slurmd_killed_on_the_second_node_of_a_two_node_job_is_node_fail_n
             cluster.wait_idle(60)
 
 
+@pytest.mark.timeout(300)
+async def test_a_two_node_job_preempted_and_requeued_is_followed_to_ready_on_its_next_nodes(
+        tmp_path: Path, cluster: Cluster, jobs: list[str]) -> None:
+    """A two-node job READY; a job of the higher-PriorityTier partition takes its first node:
+    the scheduler preempts the job and requeues it (same id, Restarts 1). The run's death is
+    PREEMPTED in words; the queue again; the job allocated again on two nodes (not the one
+    taken), each member placed on its new node and launched there by the agent the job script
+    started again, a fresh run each, READY again. The kill then leaves nothing of either
+    member and the job out of the queue."""
+    group = ClusterRun(load_profile(two_node_profile(tmp_path)))
+    events = group.subscribe()
+    seen: list[Any] = []
+    try:
+        nodes = await _two_node_ready(group, events, seen, cluster, jobs)
+        first = {name: sup.run.run_id for name, sup in group.sups.items() if sup.run}
+        urgent = subprocess.run(
+            ["sbatch", "--parsable", "--partition=urgent", f"--nodelist={nodes[0]}",
+             "--exclusive", "--time=2", f"--output={tmp_path}/urgent-%j.out", "--wrap",
+             "sleep 120"], env=cluster.env, capture_output=True, text=True, check=True)
+        jobs.append(urgent.stdout.strip())
+        preempted_at = time.monotonic()
+        died = await until_event(events, lambda e: isinstance(e, RunDied), 60, "the death", seen)
+        assert (died.death.ended_by or "").startswith("PREEMPTED: preempted by a higher-priority "
+                                                      "job"), died.death
+        ended = await until_event(events, _of("server", JobEnded), 30, "the job's end", seen)
+        assert (ended.event.end.state, ended.event.end.requeued) == ("PREEMPTED", True)
+        allocated = await until_event(events, _of("server", JobAllocated), 90,
+                                      "the next allocation", seen)
+        assert allocated.event.job.restarts == 1 and nodes[0] not in allocated.event.job.nodes
+        await until_event(events, _of("server", Ready), 120, "READY again", seen)
+        record_figure("two-node job: preempted -> READY again on its next nodes (s)",
+                      round(time.monotonic() - preempted_at, 1))
+        fields = scontrol(jobs[0], cluster)
+        assert (fields["JobState"], fields["Restarts"]) == ("RUNNING", "1")
+        again = expand_nodes(fields["NodeList"])
+        assert [(m.name, m.host) for m in group.parts] == [("server", again[0]),
+                                                           ("node-1", again[1])]
+        for m in group.parts:
+            sup = group.sups[m.name]
+            assert sup.run is not None and sup.run.run_id != first[m.name]
+            assert os.readlink(f"/proc/{sup.run.pid}/ns/net") == os.readlink(
+                f"/proc/{cluster.slurmd_pid(m.host)}/ns/net"), m.name
+        runs = [sup.run.run_id for sup in group.sups.values() if sup.run is not None]
+        await group.kill(2.0)
+        for run_id in [*runs, *first.values()]:
+            await _gone(run_id, timeout=10)
+        assert scontrol(jobs[0], cluster)["JobState"] == "CANCELLED"
+        assert _queued(jobs[0], cluster) == ""
+    finally:
+        await group.close()
+
+
 async def _two_node_ready(group: ClusterRun, events: asyncio.Queue[Any], seen: list[Any],
                           cluster: Cluster, jobs: list[str]) -> tuple[str, ...]:
     """Launch the two-node job to READY; its nodes, each checked to run its member."""

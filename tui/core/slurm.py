@@ -588,13 +588,14 @@ def allocation_end(job: Job, restarts: int, node: str | None) -> SchedulerEnd | 
 _STEPD_CANCEL = re.compile(r"\*\*\* JOB (\d+) ON (\S+) CANCELLED AT (\S+)(?: DUE TO (.+?))? \*\*\*")
 
 
-def preemption_seen(end: SchedulerEnd, output: str) -> SchedulerEnd:
+def preemption_seen(end: SchedulerEnd, output: str, nodes: Sequence[str] = ()) -> SchedulerEnd:
     """A requeue told as what it was: the job output's last slurmstepd line for the job says
-    `*** JOB J ON NODE CANCELLED AT T DUE TO PREEMPTION ***` for the node the run had (the
-    lane's Slurm 22.05 writes it when the scheduler preempts the job); else it stays REQUEUED
-    (a node's failure writes no such line)."""
+    `*** JOB J ON NODE CANCELLED AT T DUE TO PREEMPTION ***` for the node the run had, or one of
+    the `nodes` of its allocation (the line is the batch step's, on a several-node job's first
+    node) (the lane's Slurm 22.05 writes it when the scheduler preempts the job); else it stays
+    REQUEUED (a node's failure writes no such line)."""
     said = [m for m in _STEPD_CANCEL.finditer(output) if m.group(1) == end.job_id]
-    if end.requeued and said and said[-1].group(2) == end.node \
+    if end.requeued and said and said[-1].group(2) in (end.node, *nodes) \
             and said[-1].group(4) == "PREEMPTION":
         return replace(end, state="PREEMPTED")
     return end

@@ -27,7 +27,7 @@ from typing import Any
 
 from tui.core import cluster, slurm
 from tui.core.command import new_run_id
-from tui.core.errors import PreflightFailed, RunNotFound, SpecconsoleError
+from tui.core.errors import JobNeverStarts, PreflightFailed, RunNotFound, SpecconsoleError
 from tui.core.profile import Profile
 from tui.core.protocol import Killed, RunRecord
 from tui.core.state import Death, Died, LinesAdded
@@ -35,7 +35,7 @@ from tui.core.units import duration
 from tui.remote import launcher
 from tui.remote import slurm as remote_slurm
 from tui.remote.session import open_session
-from tui.supervise.events import Fatal, Notice, RunInfo
+from tui.supervise.events import Fatal, JobEnded, Notice, RunInfo
 from tui.supervise.history import History
 from tui.supervise.runs import Member, Run, SingleRun
 from tui.supervise.slurmjob import RUN_RECORD_S, JobRun
@@ -143,6 +143,9 @@ class ClusterRun:
             event = await events.get()
             m = self.part(name)
             self._emit(MemberEvent(m.name, m.host, event))
+            if (isinstance(event, JobEnded) and event.end.requeued and name == cluster.SERVER
+                    and self.sups[name].job is not None):
+                self._spawn(self._follow_requeue(event.end))
             if isinstance(event, Died) and self.died is None:
                 self.died = RunDied(m.name, m.host, event.death)
                 self._emit(self.died)
@@ -288,6 +291,16 @@ class ClusterRun:
         self.joined = {}
         if self.profile.slurm is not None:
             await self._allocate()
+        await self._start_members(grace)
+        run = self.server.run
+        if run is None:  # a member died before the server was launched
+            first = next(s for s in self.sups.values() if s.run is not None)
+            assert first.run is not None
+            return first.run
+        return run
+
+    async def _start_members(self, grace: float) -> None:
+        """The members launched in order, each after the one before it joined."""
         for m in self.parts:
             sup = self.sups[m.name]
             queue = sup.subscribe()
@@ -305,12 +318,6 @@ class ClusterRun:
                         "nothing started was left running; see its log with `specconsole "
                         f"logs {self.profile.path} --member {m.name}`")
                 break
-        run = self.server.run
-        if run is None:  # a member died before the server was launched
-            first = next(s for s in self.sups.values() if s.run is not None)
-            assert first.run is not None
-            return first.run
-        return run
 
     async def _allocate(self) -> None:
         """A several-node job: submitted by the server's member, which follows it through the
@@ -323,6 +330,14 @@ class ClusterRun:
         run_id = new_run_id(f"{self.profile.name}.job", self.clock())
         sub, job = await server.slurm.submit_job(
             remote_slurm.submit_nodes(login, self.profile, run_id, wait_s))
+        await self._place(job, sub.script, sub.run_dir)
+
+    async def _place(self, job: slurm.Job, script: str, job_dir: str) -> None:
+        """Every member placed on the running job's nodes (the head on the first, its address
+        the scheduler's NodeAddr) and told its job, its node, and whether another member
+        follows on that node."""
+        server = self.server
+        login = await server.login_session()
         known = {n.name: n.address for n in await remote_slurm.node_states(login, job.nodes)}
         profile = cluster.allocated(self.profile, [(n, known.get(n, n)) for n in job.nodes])
         self.parts = cluster.members(profile)
@@ -331,11 +346,37 @@ class ClusterRun:
             sup = self.sups[m.name]
             sup.profile = m.profile
             if sup.job is None or sup is not server:
-                sup.job = JobRun(job.job_id, sub.script, restarts=job.restarts)
+                sup.job = JobRun(job.job_id, script, restarts=job.restarts)
                 sup.job.seen(job, self.clock())
-            sup.job.node, sup.job.job_dir = m.node.job_node, sub.run_dir
+            sup.job.node, sup.job.job_dir = m.node.job_node, job_dir
             sup.job.more_on_node = any(o.node.job_node == m.node.job_node
                                        for o in self.parts[i + 1:])
+
+    async def _follow_requeue(self, end: slurm.SchedulerEnd) -> None:
+        """The scheduler requeued the several-node job (preempted; same id): its script starts
+        an agent on every node of the next allocation again, each waiting for its member's
+        launch. Followed as a single node's requeued job is (the queue again, `allocated on
+        ...`), then the members placed on the new nodes and launched in order, as the first
+        time, each a fresh run. A job that ends or can never start first is said (and, never
+        starting, cancelled); the first allocation's death stays the run's."""
+        server = self.server
+        first = server.job
+        assert first is not None and first.script is not None and first.job_dir is not None
+        requeued_at = self.clock()
+        for sup in self.sups.values():
+            sup.reset()  # fresh machines: each member's run ended with the allocation
+        server.job = replace(first, end=None, node=None, alerted=False, clock=None)
+        try:
+            job = await server.slurm.requeued_job(end, requeued_at)
+            await self._place(job, first.script, first.job_dir)
+            self.died, self.step_failed, self.joined = None, None, {}
+            await self._start_members(grace=10.0)
+        except (JobNeverStarts, SpecconsoleError) as exc:
+            after = str(exc)
+            if isinstance(exc, JobNeverStarts):
+                await remote_slurm.cancel(await server.login_session(), first.job_id)
+                after += f": cancelled it (scancel {first.job_id})"
+            self._emit(Notice(f"job {first.job_id}: {after}", "warning"))
 
     async def _join(self, m: cluster.Member, queue: asyncio.Queue[Any]) -> bool:
         """Until the member's joined line (True), its death or the join timeout (False)."""

@@ -73,10 +73,13 @@ class JobRun:
     requeued: list[Death] = field(default_factory=list)
     verdicts: list[str] = field(default_factory=list)  # each allocation's end, for the history
     allocations: tuple[str, ...] = ()  # the nodes it ran on, across requeues (the history)
+    ran_on: tuple[str, ...] = ()  # the nodes of its latest allocation, as the job ran there
 
     def seen(self, job: slurm.Job, now: float) -> None:
         """The job's latest record, asked at `now` (the supervisor's clock)."""
         self.job = job
+        if job.nodes and not job.pending and not job.ended:
+            self.ran_on = job.nodes
         self.clock = slurm.JobClock.of(job, now, datetime.now())
 
     def end_of(self, job: slurm.Job | None) -> slurm.SchedulerEnd | None:
@@ -110,8 +113,8 @@ async def told_end(login: Session, profile: Profile, run: JobRun,
     if end is None:
         return None
     if end.requeued and run.output is not None:
-        return slurm.preemption_seen(end, await remote_slurm.output_tail(login, profile,
-                                                                         run.output))
+        return slurm.preemption_seen(end, await remote_slurm.output_tail(
+            login, profile, run.output), run.ran_on)
     if end.state == "CANCELLED":
         by = await remote_slurm.cancelled_by(login, profile, run.job_id)
         return replace(end, cancelled_by=by.who, accounting=by.accounting)
@@ -434,22 +437,8 @@ class JobFollow:
         sup.machine = sup.new_machine()
         job_run.end, job_run.node, job_run.alerted, job_run.clock = None, None, False, None
         sup.session, sup.ready_at = login, None
-        requeued_at = sup.clock()
         try:
-            job = await remote_slurm.wait_started(login, job_run.job_id, self.on_queued(
-                job_run.job_id, lambda line: slurm.requeue_detail(end, line)))
-            ended = slurm.scheduler_end(job)
-            if ended is not None:
-                raise SpecconsoleError(f"job {job_run.job_id} ended before it ran again: "
-                                       f"{ended.words()}")
-            job_run.node, job_run.restarts = job.node, job.restarts
-            job_run.seen(job, sup.clock())
-            allocated = JobAllocated(job, sup.clock() - requeued_at)
-            sup.machine.allocated(allocated.words(), sup.clock())
-            sup.emit([allocated, Notice(allocated.words())])
-            had = job_run.allocations or ((end.node,) if end.node else ())
-            job_run.allocations = tuple(dict.fromkeys((*had, *job.nodes)))
-            sup.record(nodes=job_run.allocations)
+            job = await self.requeued_job(end, sup.clock())
             sup.session = await self.reach_or_cancel(login, job_run.job_id, str(job.node))
             record = await self.job_record(run.run_id, job.restarts)
         except (JobNeverStarts, SpecconsoleError) as exc:
@@ -466,6 +455,30 @@ class JobFollow:
             return
         sup.run = replace(run, pid=int(record.pid or 0), launched_at=sup.clock())
         sup.begin(sup.clock(), resume_log=True)
+
+    async def requeued_job(self, end: slurm.SchedulerEnd, requeued_at: float) -> slurm.Job:
+        """The requeued job followed through the queue to its next allocation: the queue
+        again (the requeue's words), `allocated on NODE`, the nodes it has run on kept for the
+        history; the job as it runs again. SpecconsoleError when it ends first, JobNeverStarts
+        when it never can."""
+        sup = self.sup
+        job_run, login = sup.job, await sup.login_session()
+        assert job_run is not None
+        job = await remote_slurm.wait_started(login, job_run.job_id, self.on_queued(
+            job_run.job_id, lambda line: slurm.requeue_detail(end, line)))
+        ended = slurm.scheduler_end(job)
+        if ended is not None:
+            raise SpecconsoleError(f"job {job_run.job_id} ended before it ran again: "
+                                   f"{ended.words()}")
+        job_run.node, job_run.restarts = job.node, job.restarts
+        job_run.seen(job, sup.clock())
+        allocated = JobAllocated(job, sup.clock() - requeued_at)
+        sup.machine.allocated(allocated.words(), sup.clock())
+        sup.emit([allocated, Notice(allocated.words())])
+        had = job_run.allocations or ((end.node,) if end.node else ())
+        job_run.allocations = tuple(dict.fromkeys((*had, *job.nodes)))
+        sup.record(nodes=job_run.allocations)
+        return job
 
     async def died_in_job(self, events: Sequence[SupervisorEvent]) -> None:
         """A death in a job's run: the scheduler is asked first whether it ended the job (its
