@@ -430,3 +430,14 @@ async def test_wait_follows_two_hosts_and_their_ready_timeout_kills_every_host(
     for where in (f"{ssh_server.alias} node-1", "local server"):
         assert f"{where}: killed: no process of the run remains; GPU memory released" in said
     assert cleanup and not any(carriers(r) for r in cleanup)
+
+
+def test_wait_goes_on_past_a_death_the_scheduler_requeued() -> None:
+    """A several-node job preempted and requeued: its first death is said, but the run is
+    followed to the next allocation (ClusterRun._follow_requeue), so `wait` does not end there;
+    any other first death ends it."""
+    following = SeveralHosts(ClusterRun(_load(HOSTS + '[cluster]\nbackend = "native"\n' +
+                                              SERVER)))
+    death = _death("APIServer", 100.0, None)
+    assert not following.is_death(RunDied("node-1", "gpu-b", death, requeued=True))
+    assert following.is_death(RunDied("node-1", "gpu-b", death))

@@ -32,6 +32,7 @@ from helpers import (
 
 from slurm.conftest import record_figure
 from slurm.slurmlab import Cluster
+from tui.cli.follow import SeveralHosts
 from tui.core.describe import death_lines, describe
 from tui.core.errors import PreflightFailed
 from tui.core.phases import Phase
@@ -810,6 +811,7 @@ async def test_a_two_node_job_preempted_and_requeued_is_followed_to_ready_on_its
         died = await until_event(events, lambda e: isinstance(e, RunDied), 60, "the death", seen)
         assert (died.death.ended_by or "").startswith("PREEMPTED: preempted by a higher-priority "
                                                       "job"), died.death
+        assert died.requeued and not SeveralHosts(group).is_death(died), "wait goes on"
         ended = await until_event(events, _of("server", JobEnded), 30, "the job's end", seen)
         assert (ended.event.end.state, ended.event.end.requeued) == ("PREEMPTED", True)
         allocated = await until_event(events, _of("server", JobAllocated), 90,

@@ -159,7 +159,9 @@ class SeveralHosts:
         return None
 
     def is_death(self, event: object) -> bool:
-        return isinstance(event, RunDied)
+        """The run's first death, unless the scheduler requeued its job: the members are then
+        followed to the next allocation (the preemption said as a line)."""
+        return isinstance(event, RunDied) and not event.requeued
 
     def death(self) -> tuple[Seen, Death] | None:
         found = self.group.death()

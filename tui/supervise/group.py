@@ -68,6 +68,9 @@ class RunDied:
     member: str
     host: str
     death: Death
+    # the scheduler requeued the job with it (a preemption): the run is followed to its next
+    # allocation (ClusterRun._follow_requeue), so `wait` goes on
+    requeued: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +150,9 @@ class ClusterRun:
                     and self.sups[name].job is not None):
                 self._spawn(self._follow_requeue(event.end))
             if isinstance(event, Died) and self.died is None:
-                self.died = RunDied(m.name, m.host, event.death)
+                job = self.sups[m.name].job
+                self.died = RunDied(m.name, m.host, event.death,
+                                    job is not None and event.death in job.requeued)
                 self._emit(self.died)
                 if self.sups[m.name].job is not None and event.death.ended_by is None:
                     self._spawn(self._step_failed(m.name, event.death))
