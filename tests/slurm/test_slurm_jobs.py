@@ -658,16 +658,21 @@ def _of_job(job_id: str) -> list[int]:
     return found
 
 
-def two_node_profile(tmp: Path, extra: str = "") -> Path:
-    """The simulated engine at TP 8 over a two-node job (vLLM's native multi-node: the head on
-    the first node, a --headless node on the second), 4 fake GPUs per node."""
-    path = tmp / "two.toml"
+def two_node_profile(tmp: Path, extra: str = "", *, backend: str = "native",
+                     python: str = sys.executable, server_extra: str = "",
+                     cluster_extra: str = "") -> Path:
+    """The simulated engine at TP 8 over a two-node job, 4 fake GPUs per node: vLLM's native
+    multi-node (the head on the first node, a --headless node on the second), or Ray's;
+    `extra` lines in [slurm], `server_extra` tables after [server], `cluster_extra` lines in
+    [cluster]."""
+    path = tmp / f"two-{backend}.toml"
     path.write_text(f"""
 [host]
 target = "local"
-python = "{sys.executable}"
+python = "{python}"
 runs_dir = "{tmp / 'runs'}"
 {sim_server(tmp, "ready", 300.0, load_time="1m", stall="5m", gpus=4)}
+{server_extra}
 [slurm]
 partition = "batch"
 time = "5"
@@ -676,9 +681,10 @@ job_name = "two"
 {extra}
 
 [cluster]
-backend = "native"
+backend = "{backend}"
 port = {free_port()}
-join_timeout = "60s"
+join_timeout = "90s"
+{cluster_extra}
 """)
     return path
 
@@ -702,7 +708,7 @@ async def test_a_two_node_job_a_member_per_node_kill_then_a_worker_killed_on_the
     events = group.subscribe()
     seen: list[Any] = []
     try:
-        nodes = await _two_node_ready(group, events, seen, cluster, jobs)
+        nodes = await two_node_ready(group, events, seen, cluster, jobs)
         first_runs = [s.run.run_id for s in group.sups.values() if s.run is not None]
         await group.kill(2.0)
         assert len(first_runs) == 2
@@ -712,17 +718,12 @@ async def test_a_two_node_job_a_member_per_node_kill_then_a_worker_killed_on_the
         assert _queued(jobs[0], cluster) == ""
         for sup in group.sups.values():  # as restart does, after the kill
             sup.reset()
-        nodes = await _two_node_ready(group, events, seen, cluster, jobs)
+        nodes = await two_node_ready(group, events, seen, cluster, jobs)
         second = group.sups["node-1"]
         assert second.run is not None
-        victim = _worker(second.run.run_id, "Worker_TP")
-        os.kill(victim, signal.SIGKILL)
-        killed_at = time.monotonic()
-        died = await until_event(events, lambda e: isinstance(e, RunDied), 10, "the death", seen)
-        after = time.monotonic() - killed_at
-        assert after < 1.0, f"DEAD {after:.2f} s after the SIGKILL"
-        assert (died.member, died.host) == ("node-1", nodes[1])
-        assert died.death.pid == victim and died.death.process.startswith("Worker_TP")
+        died, after = await sigkill_is_the_runs_death(
+            events, seen, _worker(second.run.run_id, "Worker_TP"), "node-1", nodes[1])
+        assert died.death.process.startswith("Worker_TP")
         assert died.death.ended_by is None, "a worker's own death is not the scheduler's"
         failed = await until_event(events, lambda e: isinstance(e, StepFailed), 10,
                                    "the failed step's verdict", seen)
@@ -765,7 +766,7 @@ async def test_slurmd_killed_on_the_second_node_of_a_two_node_job_is_node_fail_n
     seen: list[Any] = []
     lost = ""
     try:
-        nodes = await _two_node_ready(group, events, seen, cluster, jobs)
+        nodes = await two_node_ready(group, events, seen, cluster, jobs)
         lost = nodes[1]
         cluster.kill_slurmd(lost)
         killed_at = time.monotonic()
@@ -800,7 +801,7 @@ async def test_a_two_node_job_preempted_and_requeued_is_followed_to_ready_on_its
     events = group.subscribe()
     seen: list[Any] = []
     try:
-        nodes = await _two_node_ready(group, events, seen, cluster, jobs)
+        nodes = await two_node_ready(group, events, seen, cluster, jobs)
         first = {name: sup.run.run_id for name, sup in group.sups.items() if sup.run}
         urgent = subprocess.run(
             ["sbatch", "--parsable", "--partition=urgent", f"--nodelist={nodes[0]}",
@@ -840,34 +841,52 @@ async def test_a_two_node_job_preempted_and_requeued_is_followed_to_ready_on_its
         await group.close()
 
 
-async def _two_node_ready(group: ClusterRun, events: asyncio.Queue[Any], seen: list[Any],
-                          cluster: Cluster, jobs: list[str]) -> tuple[str, ...]:
-    """Launch the two-node job to READY; its nodes, each checked to run its member."""
+async def sigkill_is_the_runs_death(events: asyncio.Queue[Any], seen: list[Any], victim: int,
+                                   member: str, node: str) -> tuple[RunDied, float]:
+    """SIGKILL `victim`: the run's death within 1 s, on `member` at `node`, that process's;
+    (the death, seconds after the signal)."""
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    died = await until_event(events, lambda e: isinstance(e, RunDied), 10, "the death", seen)
+    after = time.monotonic() - killed_at
+    assert after < 1.0, f"DEAD {after:.2f} s after the SIGKILL"
+    assert (died.member, died.host, died.death.pid) == (member, node, victim), died
+    return died, after
+
+
+NATIVE_LAYOUT = (("server", 0), ("node-1", 1))  # (member, its node's index), launch order
+
+
+async def two_node_ready(group: ClusterRun, events: asyncio.Queue[Any], seen: list[Any],
+                         cluster: Cluster, jobs: list[str], layout: tuple[tuple[str, int], ...]
+                         = NATIVE_LAYOUT, holding_gpus: tuple[str, ...] = ("server", "node-1"),
+                         what: str = "two-node job") -> tuple[str, ...]:
+    """Launch the two-node job to READY; its nodes. Each member is checked to run on its node
+    of `layout` (its server in that node's network namespace) and, for those `holding_gpus`,
+    the agent there to see their GPU memory, per process."""
     started = time.monotonic()
     launching = asyncio.ensure_future(group.launch())
     submitted = await until_event(events, _of("server", JobSubmitted), 30, "the job", seen)
     jobs.append(submitted.event.job_id)
-    await until_event(events, _of("server", Ready), 120, "READY", seen)
+    await until_event(events, _of("server", Ready), 180, "READY", seen)
     await launching
-    record_figure("two-node job: submit -> READY (s)", round(time.monotonic() - started, 1))
+    record_figure(f"{what}: submit -> READY (s)", round(time.monotonic() - started, 1))
     fields = scontrol(jobs[-1], cluster)
     assert (fields["JobState"], fields["NumNodes"]) == ("RUNNING", "2")
     nodes = expand_nodes(fields["NodeList"])
-    assert [(m.name, m.host) for m in group.parts] == [("server", nodes[0]),
-                                                       ("node-1", nodes[1])]
-    assert [(m.role, m.host) for m in group.members] == [("server", nodes[0]),
-                                                         ("node-1", nodes[1])]
-    for m, node in zip(group.parts, nodes, strict=True):
+    placed = [(name, nodes[i]) for name, i in layout]
+    assert [(m.name, m.host) for m in group.parts] == placed
+    assert [(m.role, m.host) for m in group.members] == placed
+    for m in group.parts:
         sup = group.sups[m.name]
-        assert sup.run is not None and sup.job is not None and sup.job.node == node
-        # the member's server runs on its node (that node's network namespace), and the agent
-        # there sees its GPU memory, per process
+        assert sup.run is not None and sup.job is not None and sup.job.node == m.host
         assert os.readlink(f"/proc/{sup.run.pid}/ns/net") == os.readlink(
-            f"/proc/{cluster.slurmd_pid(node)}/ns/net"), m.name
-        ours = set(carriers(sup.run.run_id))
-        await until_event(events, lambda e, name=m.name, ours=ours: _of(name, GpusSeen)(e)
-                          and any(p.pid in ours for g in e.event.gpus.gpus for p in g.procs),
-                          30, f"{m.name}'s GPU memory", seen)
+            f"/proc/{cluster.slurmd_pid(m.host)}/ns/net"), m.name
+        if m.name in holding_gpus:
+            ours = set(carriers(sup.run.run_id))
+            await until_event(events, lambda e, name=m.name, ours=ours: _of(name, GpusSeen)(e)
+                              and any(p.pid in ours for g in e.event.gpus.gpus
+                                      for p in g.procs), 30, f"{m.name}'s GPU memory", seen)
     return nodes
 
 

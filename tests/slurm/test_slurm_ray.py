@@ -9,57 +9,40 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import carriers, free_port, ray_venv, sim_server, until_event
+from helpers import carriers, ray_venv
 
 from slurm.conftest import record_figure
 from slurm.slurmlab import Cluster
-from slurm.test_slurm_jobs import _of, _queued, scontrol
+from slurm.test_slurm_jobs import (
+    _queued,
+    scontrol,
+    sigkill_is_the_runs_death,
+    two_node_profile,
+    two_node_ready,
+)
 from tui.core.profile import load_profile
-from tui.core.slurm import expand_nodes
-from tui.core.state import Ready
-from tui.supervise.events import JobSubmitted
-from tui.supervise.group import ClusterRun, RunDied
+from tui.supervise.group import ClusterRun
 
 # any process of Ray, by its name or command line (what must be gone after the kill)
 RAY_PROCESS = re.compile(rb"raylet|gcs_server|plasma_store|ray::|ray-dashboard|log_monitor"
                          rb"|ray/dashboard|ray/autoscaler|/bin/ray start")
-MEMBERS = ("ray-head", "ray-node-1", "server")
+# Ray's head and the server on the first node, a Ray node on the second, in launch order
+RAY_LAYOUT = (("ray-head", 0), ("ray-node-1", 1), ("server", 0))
 
 
 def ray_profile(tmp: Path) -> Path:
     """The simulated engine at TP 8 on a real Ray cluster over a two-node job, 4 fake GPUs per
     node; every member's Python is the Ray venv's (it imports this checkout)."""
     venv = ray_venv()
-    path = tmp / "ray.toml"
-    path.write_text(f"""
-[host]
-target = "local"
-python = "{venv / 'bin' / 'python'}"
-runs_dir = "{tmp / 'runs'}"
-{sim_server(tmp, "ready", 300.0, load_time="1m", stall="5m", gpus=4)}
-[server.env]
-RAY_USAGE_STATS_ENABLED = "0"
-
-[slurm]
-partition = "batch"
-time = "5"
-nodes = 2
-mem = "3G"
-job_name = "ray"
-
-[cluster]
-backend = "ray"
-ray = ["{venv / 'bin' / 'ray'}"]
-port = {free_port()}
-join_timeout = "90s"
-""")
-    return path
+    return two_node_profile(
+        tmp, 'mem = "3G"', backend="ray", python=str(venv / "bin" / "python"),
+        server_extra='[server.env]\nRAY_USAGE_STATS_ENABLED = "0"\n',
+        cluster_extra=f'ray = ["{venv / "bin" / "ray"}"]')
 
 
 def _in_namespace(pid: int) -> list[tuple[int, bytes]]:
@@ -106,26 +89,8 @@ async def test_ray_inside_a_two_node_job_ready_then_an_actor_killed_then_nothing
     events = group.subscribe()
     seen: list[Any] = []
     try:
-        started = time.monotonic()
-        launching = asyncio.ensure_future(group.launch())
-        submitted = await until_event(events, _of("server", JobSubmitted), 30, "the job", seen)
-        jobs.append(submitted.event.job_id)
-        await until_event(events, _of("server", Ready), 180, "READY on Ray", seen)
-        await launching
-        record_figure("two-node job, Ray inside it: submit -> READY (s)",
-                      round(time.monotonic() - started, 1))
-        fields = scontrol(jobs[-1], cluster)
-        assert (fields["JobState"], fields["NumNodes"]) == ("RUNNING", "2")
-        nodes = expand_nodes(fields["NodeList"])
-        assert [(m.name, m.host) for m in group.parts] == [
-            ("ray-head", nodes[0]), ("ray-node-1", nodes[1]), ("server", nodes[0])]
-        for m in group.parts:
-            sup = group.sups[m.name]
-            assert sup.run is not None and sup.job is not None and sup.job.node == m.host
-            slurmd = cluster.slurmd_pid(m.host)
-            assert slurmd is not None
-            assert os.readlink(f"/proc/{sup.run.pid}/ns/net") == os.readlink(
-                f"/proc/{slurmd}/ns/net"), f"{m.name} runs on {m.host}"
+        nodes = await two_node_ready(group, events, seen, cluster, jobs, RAY_LAYOUT,
+                                     ("ray-head", "ray-node-1"), "two-node job, Ray inside it")
         node = group.sups["ray-node-1"]
         assert node.run is not None
 
@@ -140,18 +105,13 @@ async def test_ray_inside_a_two_node_job_ready_then_an_actor_killed_then_nothing
         for pid in actors():
             assert os.getpgid(pid) != top_group, "Ray starts its actors outside the launch"
             assert node.run.run_id in Path(f"/proc/{pid}/environ").read_text(errors="replace")
-        victim = actors()[0]
-        os.kill(victim, signal.SIGKILL)
-        killed_at = time.monotonic()
-        died = await until_event(events, lambda e: isinstance(e, RunDied), 10, "the death", seen)
-        after = time.monotonic() - killed_at
-        assert after < 1.0, f"DEAD {after:.2f} s after the SIGKILL"
-        assert (died.member, died.host) == ("ray-node-1", nodes[1])
-        assert died.death.pid == victim and died.death.process == "RayWorkerWrapper"
+        died, after = await sigkill_is_the_runs_death(events, seen, actors()[0], "ray-node-1",
+                                                      nodes[1])
+        assert died.death.process == "RayWorkerWrapper"
         record_figure("two-node job, Ray inside it: actor SIGKILL on the second node -> DEAD "
                       "(ms)", round(after * 1000, 1))
         runs = [s.run.run_id for s in group.sups.values() if s.run is not None]
-        assert len(runs) == len(MEMBERS)
+        assert len(runs) == len(RAY_LAYOUT)
         await group.kill(3.0)
         for run_id in runs:
             assert not carriers(run_id), f"{run_id} left processes behind"
