@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from tui.agent.launch import _await_request
+from tui.cli.follow import SeveralHosts
 from tui.core import cluster
-from tui.core.errors import ProfileError
+from tui.core.errors import ProfileError, SpecconsoleError
 from tui.core.profile import Profile, loads_profile
 from tui.core.slurm import (
     LAUNCH_REQUEST,
@@ -26,6 +27,10 @@ from tui.core.slurm import (
     parse_node_states,
     step_failed_words,
 )
+from tui.core.state import Death
+from tui.supervise.events import Notice
+from tui.supervise.group import ClusterRun, RunDied
+from tui.supervise.slurmjob import JobRun
 
 TWO_NODES = ('[host]\ntarget = "login1"\nruns_dir = "/home/u/runs"\n'
              '[server]\nengine = "vllm"\nmodel = "/models/m"\ntensor_parallel_size = 16\n'
@@ -137,3 +142,31 @@ def test_a_failed_step_names_its_node_and_the_nodes_still_held() -> None:
         "the job ends (specconsole kill, or scancel 31, releases them)")
     assert "node-1, node-3 still hold their GPUs" in step_failed_words(
         "31", "node-2", "Worker_TP1", ("node-1", "node-3"))
+
+
+async def test_a_requeued_job_that_ends_before_it_runs_again_is_the_runs_death_after_all(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A several-node job preempted and requeued: its first death is said as requeued (`wait`
+    goes on). When the job then ends before it runs again, that death is the run's after all,
+    with what followed, so `wait` ends there."""
+    group = ClusterRun(_two_nodes())
+    events = group.subscribe()
+    death = Death(7, "APIServer", None, 15, 100.0, 100.0, None, None,
+                  ended_by="PREEMPTED: preempted by a higher-priority job on gpu-07")
+    group.died = RunDied("node-1", "gpu-08", death, requeued=True)
+    group.server.job = JobRun("5", "/home/u/runs/kimi.job-1/job.sbatch",
+                              job_dir="/home/u/runs/kimi.job-1", node="gpu-07")
+
+    async def ended_first(end: SchedulerEnd, at: float) -> None:
+        raise SpecconsoleError("job 5 ended before it ran again: CANCELLED: job 5 was cancelled")
+
+    monkeypatch.setattr(group.server.slurm, "requeued_job", ended_first)
+    end = SchedulerEnd("PREEMPTED", "5", "gpu-07", 300, None, None, "", requeued=True)
+    await group._follow_requeue(end)
+    said = [events.get_nowait() for _ in range(events.qsize())]
+    died = next(e for e in said if isinstance(e, RunDied))
+    assert not died.requeued and SeveralHosts(group).is_death(died)
+    assert died.death.ended_by == ("PREEMPTED: preempted by a higher-priority job on gpu-07; "
+                                   "then job 5 ended before it ran again: CANCELLED: job 5 was "
+                                   "cancelled")
+    assert any(isinstance(e, Notice) and e.level == "warning" for e in said)

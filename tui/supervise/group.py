@@ -381,6 +381,11 @@ class ClusterRun:
             if isinstance(exc, JobNeverStarts):
                 await remote_slurm.cancel(await server.login_session(), first.job_id)
                 after += f": cancelled it (scancel {first.job_id})"
+            if self.died is not None and self.died.requeued:  # the run's death after all
+                death = self.died.death
+                self.died = RunDied(self.died.member, self.died.host,
+                                    replace(death, ended_by=f"{death.ended_by}; then {after}"))
+                self._emit(self.died)
             self._emit(Notice(f"job {first.job_id}: {after}", "warning"))
 
     async def _join(self, m: cluster.Member, queue: asyncio.Queue[Any]) -> bool:
