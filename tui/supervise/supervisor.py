@@ -654,11 +654,11 @@ class Supervisor:
                     self._dispatch(event)
                     if isinstance(event, LogChunk):  # a backlog of chunks is read without a
                         await asyncio.sleep(0)  # pause: let the screen draw between them
-                reason = "the agent ended"
+                reason, lost = "the agent ended", False
             except (ConnectionLost, HostUnreachable) as exc:
-                reason = str(exc)
+                reason, lost = str(exc), True
             except OSError as exc:
-                reason = f"{self.profile.host.target}: {exc}"
+                reason, lost = f"{self.profile.host.target}: {exc}", True
             except Exception as exc:  # shown as one line, never a traceback
                 if not self._closing:
                     self.emit([Fatal(str(exc) if isinstance(exc, SessionError)
@@ -669,7 +669,8 @@ class Supervisor:
             if self.job is not None and await self.slurm.job_gone():
                 return
             self.emit([LinkLost(self.profile.host.target, reason, backoff)])
-            await self._drop_session()
+            if lost:  # a session whose agent merely ended is kept: a kill may be using it
+                await self._drop_session()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
