@@ -901,13 +901,21 @@ async def test_inside_a_slurm_job_ready_then_a_worker_killed_is_dead_in_vllms_ow
         assert died.death.pid == worker.pid and died.death.ended_by is None
         await _settle(w, 3.0)
         death = w.sup.machine.death
-        assert death is not None and death.process == "Worker" and death.signal == 9
+        assert death is not None and death.process == "Worker"
         said = death_lines(death)
-        assert said[1].startswith("root cause: killed by SIGKILL from outside the process")
+        log = (Path(w.sup.run.run_dir) / "server.log").read_text(errors="replace")
+        if "died unexpectedly (exit code: None)" in log and death.signal is None:
+            # seen once in CI-like runs: vLLM's executor read the worker's exit before it was
+            # reaped, and its parent reaped it before the agent on the node read it: nobody
+            # can know the signal, and specconsole invents none
+            assert death.code is None and said[1].startswith("root cause: not found in the log")
+            figures["in a Slurm job: the worker's exit status"] = "unknown (vLLM: None)"
+        else:
+            assert death.signal == 9, death
+            assert said[1].startswith("root cause: killed by SIGKILL from outside the process")
         # the lines that tell it are vLLM's own, word for word from its log: its executor's
         # report of the worker's death first, then the engine's and the API server's ends
         symptoms = w.sup.machine.tracker.symptoms
-        log = (Path(w.sup.run.run_dir) / "server.log").read_text(errors="replace")
         assert symptoms and all(symptom in log for symptom in symptoms), symptoms
         assert symptoms[0].startswith("Worker proc VllmWorker-0 died unexpectedly"), symptoms
         assert any("EngineDeadError" in symptom for symptom in symptoms), symptoms
