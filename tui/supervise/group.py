@@ -375,7 +375,7 @@ class ClusterRun:
             job = await server.slurm.requeued_job(end, requeued_at)
             await self._place(job, first.script, first.job_dir)
             self.died, self.step_failed, self.joined = None, None, {}
-            await self._start_members(grace=10.0)
+            await self._start_members(server.kill_grace)
         except (JobNeverStarts, SpecconsoleError) as exc:
             after = str(exc)
             if isinstance(exc, JobNeverStarts):
